@@ -1,0 +1,61 @@
+"""Typed errors a person can act on: raised in the engine, shown unchanged by UI, CLI and API."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class AcceldemoError(Exception):
+    """Base of every error the product shows to a person; its message is the whole story."""
+
+    field: str | None = None
+
+
+class InvalidRequest(AcceldemoError):
+    """A request field holds a value that is not accepted; names the field, the value and what is."""
+
+    def __init__(self, field: str, value: object, accepted: str):
+        self.field = field
+        self.value = value
+        self.accepted = accepted
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:57] + "...")
+        super().__init__(f"{field}={shown} is not accepted: {accepted}")
+
+
+class UnknownName(InvalidRequest):
+    """A name (model, hardware, mode, placement) that is not in its table."""
+
+    def __init__(self, field: str, value: object, known: Iterable[str]):
+        super().__init__(field, value, "known values are " + ", ".join(sorted(known)))
+
+
+class HardwareUnavailable(AcceldemoError):
+    """The hardware exists in the product but not on this host."""
+
+    field = "hardware"
+
+    def __init__(self, hardware: str, reason: str):
+        self.hardware = hardware
+        self.reason = reason
+        super().__init__(f"hardware {hardware!r} is not available here: {reason}")
+
+
+class UnsupportedCombination(AcceldemoError):
+    """Each value is valid alone but not together (compiled + offload, regional on SD3, ...)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+class ModelUnavailable(AcceldemoError):
+    """A catalog model whose weights are not on this host; never downloaded implicitly."""
+
+    field = "model"
+
+
+class CapacityExceeded(AcceldemoError):
+    """A limit the operator set (shapes per pipeline, queue) would be crossed."""
+
+
+class GenerationFailed(AcceldemoError):
+    """The pipeline or compiler failed on a valid request; the message says where."""

@@ -1,0 +1,33 @@
+"""NVIDIA CUDA: built into torch; inductor; NCCL for tensor parallelism."""
+from __future__ import annotations
+
+from .base import Hardware, probe_script
+
+
+class CudaHardware(Hardware):
+    name = "cuda"
+    device = "cuda"
+    compile_backend = "inductor"
+    dist_backend = "nccl"
+    mesh_device_type = "cuda"
+    cache_env = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+    probe_code = probe_script("""
+import torch
+if torch.version.cuda is None:
+    return {'available': False, 'reason': 'this torch is a CPU-only build (torch.version.cuda is None)'}
+n = torch.cuda.device_count()
+if n == 0:
+    return {'available': False, 'reason': 'no CUDA device found (torch.cuda.device_count() == 0)'}
+p = torch.cuda.get_device_properties(0)
+return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memory_bytes': p.total_memory}
+""")
+
+    def empty_cache(self) -> None:
+        import torch
+
+        torch.cuda.empty_cache()
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()

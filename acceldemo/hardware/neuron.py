@@ -1,0 +1,42 @@
+"""AWS Trainium through TorchNeuron (torch_neuronx): device "neuron", NEFF compile cache."""
+from __future__ import annotations
+
+import glob
+import os
+
+from .base import Availability, GiB, Hardware, probe_script
+
+
+class NeuronHardware(Hardware):
+    name = "neuron"
+    device = "neuron"
+    compile_backend = "neuron"
+    dist_backend = "neuron"
+    mesh_device_type = "neuron"
+    # Read by torch_neuronx when it loads (at `import torch` with autoload), so it is set before.
+    cache_env = {"TORCH_NEURONX_NEFF_CACHE_DIR": "neff"}
+    package = "torch_neuronx"
+    # A trn2 logical NeuronCore at LNC=2 has about 24 GiB of HBM.
+    default_memory_bytes = 24 * GiB
+    probe_code = probe_script("""
+import os, importlib
+import torch
+if os.environ.get('TORCH_DEVICE_BACKEND_AUTOLOAD') == '0':
+    importlib.import_module('torch_neuronx')
+n = torch.neuron.device_count() if torch.neuron.is_available() else 0
+if n == 0:
+    return {'available': False, 'reason': 'torch_neuronx sees no NeuronCore (torch.neuron.is_available() is False)'}
+return {'available': True, 'reason': f'{n} NeuronCores', 'device_count': n}
+""")
+
+    def _precheck(self) -> Availability | None:
+        missing = super()._precheck()
+        if missing:
+            return Availability(False, missing.reason + " (it comes from AWS's Neuron pip repository; see requirements-neuron.txt)")
+        if not glob.glob("/dev/neuron*"):
+            return Availability(False, "no /dev/neuron* device")
+        return None
+
+    def prepare_rank(self, local_rank: int) -> None:
+        # One NeuronCore per rank; an operator's explicit choice wins.
+        os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(local_rank))
