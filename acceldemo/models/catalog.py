@@ -1,0 +1,123 @@
+"""The models the demo offers: pipeline class, recipe defaults, valid shapes, sizes and what can be sharded."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..errors import UnknownName
+from ..records import Shape
+
+GB = 1000**3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the app knows about one model; nothing about hardware or the UI."""
+
+    name: str
+    title: str
+    pipeline_class: str
+    repo: str | None  # Hugging Face repo id; None for the embedded tiny models
+    tiny_family: str | None = None  # the embedded builder that makes it (acceldemo.models.tiny)
+    dtype: str = "bfloat16"
+    steps: int = 4
+    guidance: float = 0.0
+    default_shape: Shape = Shape(1024, 1024)
+    presets: tuple[Shape, ...] = (Shape(1024, 1024),)
+    granularity: int = 16
+    min_side: int = 256
+    max_side: int = 2048
+    max_steps: int = 100
+    # Packed-latent transformers see only the token count, so WxH and HxW share a graph.
+    packed_latents: bool = True
+    # Guidance above this turns classifier-free guidance on, which doubles the transformer batch.
+    cfg_above: float | None = None
+    max_sequence_length: int | None = None
+    repeated_blocks: bool = True
+    # Bytes of weights per component in `dtype`; the placement proposal reads these.
+    component_bytes: dict[str, int] = field(default_factory=dict)
+    # Components that have a tensor-parallel plan (diffusers `_tp_plan`, transformers `tp_plan="auto"`).
+    tp_components: tuple[str, ...] = ()
+    # Attention heads of the sharded transformer: a TP degree must divide them.
+    attention_heads: int = 0
+    description: str = ""
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.component_bytes.values())
+
+    @property
+    def largest_component_bytes(self) -> int:
+        return max(self.component_bytes.values(), default=0)
+
+    def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
+        """What really makes torch.compile build a new graph for this model (FACTS.md)."""
+        batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
+        g = 16 if self.packed_latents else 1
+        size = ((shape.width // g) * (shape.height // g),) if self.packed_latents else (shape.width, shape.height)
+        return (*size, batch, self.max_sequence_length)
+
+
+_TINY = dict(dtype="float32", min_side=64, max_side=512, default_shape=Shape(64, 64),
+             presets=(Shape(64, 64), Shape(128, 128), Shape(128, 64), Shape(256, 256)),
+             component_bytes={"transformer": 2_000_000, "text_encoder": 2_000_000, "vae": 1_000_000})
+
+CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec(
+        name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
+        pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
+        max_sequence_length=64, tp_components=("transformer", "text_encoder"), attention_heads=4,
+        description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
+    ModelSpec(
+        name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
+        repo=None, tiny_family="flux1", steps=4, guidance=0.0, max_sequence_length=64,
+        tp_components=("transformer",), attention_heads=4, **_TINY),
+    ModelSpec(
+        name="tiny-sd3", title="Tiny SD3 (embedded, random weights)", pipeline_class="StableDiffusion3Pipeline",
+        repo=None, tiny_family="sd3", steps=4, guidance=4.5, cfg_above=1.0, packed_latents=False,
+        max_sequence_length=64, repeated_blocks=False, **_TINY),
+    ModelSpec(
+        name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
+        repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256,
+        tp_components=("transformer", "text_encoder"), attention_heads=4, **_TINY),
+    ModelSpec(
+        name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
+        repo="black-forest-labs/FLUX.2-klein-4B", steps=4, guidance=1.0,
+        presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
+        component_bytes={"transformer": 8 * GB, "text_encoder": 8 * GB, "vae": GB // 5},
+        tp_components=("transformer", "text_encoder"), attention_heads=24,
+        description="Fits one NeuronCore: the whole pipeline on the device."),
+    ModelSpec(
+        name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
+        repo="black-forest-labs/FLUX.1-schnell", steps=4, guidance=0.0,
+        presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
+        component_bytes={"transformer": 24 * GB, "text_encoder_2": 9_500_000_000, "text_encoder": GB // 4,
+                         "vae": GB // 6},
+        tp_components=("transformer",), attention_heads=24,
+        description="Does not fit one v6e chip: model CPU offload."),
+    ModelSpec(
+        name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
+        repo="stabilityai/stable-diffusion-3.5-medium", steps=40, guidance=4.5, cfg_above=1.0,
+        packed_latents=False, max_side=1440, repeated_blocks=False,
+        presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
+        component_bytes={"transformer": 5 * GB, "text_encoder_3": 9_500_000_000, "text_encoder": GB // 4,
+                         "text_encoder_2": 1_400_000_000, "vae": GB // 6},
+        description="About 15 GB in bf16: fits one v6e chip; compile the full transformer."),
+    ModelSpec(
+        name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
+        repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
+        presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
+        component_bytes={"transformer": 64 * GB, "text_encoder": 48 * GB, "vae": GB // 5},
+        tp_components=("transformer", "text_encoder"), attention_heads=48,
+        description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
+)}
+
+DEFAULT_MODEL = os.environ.get("ACCELDEMO_DEFAULT_MODEL", "tiny-flux2-klein")
+
+
+def get_model(name: str | None) -> ModelSpec:
+    """The catalog entry called `name` (the default model for None); unknown names list the known ones."""
+    try:
+        return CATALOG[name or DEFAULT_MODEL]
+    except (KeyError, TypeError):
+        raise UnknownName("model", name, CATALOG) from None

@@ -1,0 +1,39 @@
+"""Loading a catalog model from local files only: the embedded builders, a model folder, or the HF cache."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import ModelUnavailable
+from .catalog import ModelSpec
+
+
+def model_source(spec: ModelSpec, settings: Settings) -> str:
+    """Where the weights are: a local folder, or a repo id that must already be in the HF cache."""
+    if spec.tiny_family:
+        from .tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model(spec.tiny_family, settings.cache_dir / "models"))
+    if settings.model_dir and (settings.model_dir / spec.repo).is_dir():
+        return str(settings.model_dir / spec.repo)
+    return spec.repo
+
+
+def load_pipeline(spec: ModelSpec, settings: Settings, **components):
+    """The model's diffusers pipeline in its recipe dtype, from local files; never downloads."""
+    import diffusers
+    import torch
+
+    pipeline_class = getattr(diffusers, spec.pipeline_class)
+    source = model_source(spec, settings)
+    try:
+        return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,
+                                              **components)
+    except (OSError, EnvironmentError) as error:
+        hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+        raise ModelUnavailable(
+            f"model {spec.name!r} ({spec.repo}) is not on this host: not under ACCELDEMO_MODEL_DIR "
+            f"({settings.model_dir or 'unset'}) and not in the Hugging Face cache ({hf_home}). "
+            f"The app never downloads; fetch it on a connected host with `hf download {spec.repo}` "
+            f"and copy it here. ({type(error).__name__}: {str(error)[:200]})") from None
