@@ -1,0 +1,53 @@
+"""The in-process executor: the pipeline lives in this process, on this process's device."""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+from ..config import Settings
+from ..hardware import get_hardware
+from ..models.catalog import ModelSpec
+from ..models.loading import load_pipeline
+from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
+from .recipe import apply_recipe, run_pipeline
+
+log = logging.getLogger("acceldemo.executor")
+
+
+class LocalPipeline:
+    """A pipeline resident in this process."""
+
+    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe):
+        self.key, self.spec, self.pipe = key, spec, pipe
+        self.hardware = get_hardware(key.hardware)
+
+    def run(self, request: GenerateRequest, expect_compile: bool, on_progress: ProgressCallback,
+            cancelled=lambda: False) -> RunOutput:
+        return run_pipeline(self.pipe, self.spec, self.hardware, request, expect_compile, on_progress, cancelled)
+
+    def close(self) -> None:
+        self.pipe = None
+        gc.collect()
+        self.hardware.empty_cache()
+
+
+class LocalExecutor:
+    """Loads pipelines into this process."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
+        hardware = get_hardware(key.hardware)
+        hardware.activate()
+        started = time.perf_counter()
+        on_progress(Progress("load", f"loading {spec.title}"))
+        pipe = load_pipeline(spec, self.settings)
+        # Progress goes through our own events; diffusers' tqdm bars would only clutter logs.
+        pipe.set_progress_bar_config(disable=True)
+        on_progress(Progress("load", f"placing on {hardware.name} ({key.placement}, {key.mode})",
+                             elapsed=time.perf_counter() - started))
+        apply_recipe(pipe, hardware, key.mode, key.placement)
+        log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
+        return LocalPipeline(key, spec, pipe)

@@ -1,0 +1,84 @@
+"""The recipes of SPEC §1 applied to a loaded pipeline, and one measured pipeline call; shared by every executor."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..models.catalog import ModelSpec
+from ..records import GenerateRequest, Progress, ProgressCallback, RunOutput
+
+
+def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str) -> None:
+    """Place the pipeline and compile its transformer exactly as the brief's recipes do."""
+    if placement == "offload":
+        pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
+    else:
+        pipe.to(hardware.device)
+    if mode == "compiled":
+        pipe.transformer.compile(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
+    elif mode == "regional":
+        pipe.transformer.compile_repeated_blocks(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
+
+
+@dataclass
+class _CompileMeter:
+    """Graphs dynamo built and seconds it spent compiling, read from dynamo's own counters."""
+
+    graphs: int = 0
+    seconds: float = 0.0
+    cache_hits: int = 0
+
+    @staticmethod
+    def _read() -> tuple[int, float, int]:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        # Inductor's FX-graph cache and AOTAutograd's cache: hits mean a persistent artifact was reused.
+        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+        return (counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ())),
+                hits)
+
+    def __enter__(self) -> "_CompileMeter":
+        self._start = self._read()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        graphs, seconds, hits = self._read()
+        self.graphs, self.seconds, self.cache_hits = graphs - self._start[0], seconds - self._start[1], \
+            hits - self._start[2]
+
+
+def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateRequest, expect_compile: bool,
+                 on_progress: ProgressCallback, cancelled=lambda: False) -> RunOutput:
+    """One pipeline call with progress per phase; counts the graphs it compiled."""
+    import torch
+
+    steps = int(request.steps)
+    started = time.perf_counter()
+    step_ends: list[float] = []
+
+    def on_step_end(pipeline, i, t, tensors):
+        step_ends.append(time.perf_counter())
+        on_progress(Progress("denoise", f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started))
+        if cancelled():
+            pipeline._interrupt = True
+        if i + 1 == steps:
+            on_progress(Progress("decode", "decoding the image", elapsed=step_ends[-1] - started))
+        return tensors
+
+    if expect_compile:
+        on_progress(Progress("compile", f"compiling {request.width}x{request.height} (first time for this shape)"))
+    kwargs = dict(
+        prompt=request.prompt, height=int(request.height), width=int(request.width), num_inference_steps=steps,
+        guidance_scale=float(request.guidance), num_images_per_prompt=int(request.num_images),
+        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type="pil",
+        callback_on_step_end=on_step_end)
+    if spec.max_sequence_length:
+        kwargs["max_sequence_length"] = spec.max_sequence_length
+    with _CompileMeter() as meter, hardware.mode_context(request.mode):
+        images = pipe(**kwargs).images
+        hardware.synchronize()
+    seconds = time.perf_counter() - started
+    step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
+                     compile_cache_hits=meter.cache_hits, step_seconds=step_seconds)

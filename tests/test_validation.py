@@ -1,0 +1,92 @@
+"""Every invalid request gets a typed error naming the field and what is accepted."""
+import pytest
+
+from acceldemo.engine import check_request, mode_options, propose_placement
+from acceldemo.errors import HardwareUnavailable, InvalidRequest, UnknownName, UnsupportedCombination
+from acceldemo.hardware import Availability, get_hardware
+from acceldemo.hardware.base import GiB
+from acceldemo.models.catalog import CATALOG
+from acceldemo.records import GenerateRequest
+
+
+def req(**kw) -> GenerateRequest:
+    return GenerateRequest(**{"prompt": "a red circle", "hardware": "cpu", **kw})
+
+
+BAD = [
+    ({"model": "flux3"}, UnknownName, "model='flux3' is not accepted: known values are flux1-schnell"),
+    ({"hardware": "gpu"}, UnknownName, "hardware='gpu' is not accepted: known values are cpu, cuda, neuron, tpu"),
+    ({"mode": "fast"}, UnknownName, "mode='fast' is not accepted: known values are compiled, eager"),
+    ({"placement": "cloud"}, UnknownName, "placement='cloud' is not accepted"),
+    ({"width": 65}, InvalidRequest, "width=65 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 64"),
+    ({"height": 1000}, InvalidRequest, "height=1000 is not accepted: a whole number from 64 to 512"),
+    ({"width": 0}, InvalidRequest, "width=0"),
+    ({"width": -64}, InvalidRequest, "width=-64"),
+    ({"width": "wide"}, InvalidRequest, "width='wide' is not accepted: a whole number"),
+    ({"width": 10**30}, InvalidRequest, "a whole number from 64 to 512"),
+    ({"width": True}, InvalidRequest, "width=True"),
+    ({"steps": 0}, InvalidRequest, "steps=0 is not accepted: a whole number from 1 to 100"),
+    ({"steps": -3}, InvalidRequest, "steps=-3"),
+    ({"steps": 10**6}, InvalidRequest, "steps=1000000"),
+    ({"steps": 2.5}, InvalidRequest, "steps=2.5"),
+    ({"guidance": float("nan")}, InvalidRequest, "guidance=nan is not accepted: a number from 0 to 30"),
+    ({"guidance": float("inf")}, InvalidRequest, "guidance=inf"),
+    ({"guidance": -1}, InvalidRequest, "guidance=-1"),
+    ({"guidance": "lots"}, InvalidRequest, "guidance='lots'"),
+    ({"seed": -1}, InvalidRequest, "seed=-1 is not accepted: a whole number from 0 to"),
+    ({"seed": 2**64}, InvalidRequest, "seed="),
+    ({"seed": "abc"}, InvalidRequest, "seed='abc'"),
+    ({"prompt": ""}, InvalidRequest, "prompt='' is not accepted: a non-empty text"),
+    ({"prompt": "   \n "}, InvalidRequest, "a non-empty text"),
+    ({"prompt": "x" * 100_000}, InvalidRequest, "at most 2000 characters (got 100000)"),
+    ({"prompt": "bell\x07"}, InvalidRequest, "text without control characters"),
+    ({"prompt": None}, InvalidRequest, "prompt=None"),
+    ({"num_images": 0}, InvalidRequest, "num_images=0"),
+    ({"mode": "eager-fused"}, UnsupportedCombination, "cpu does not offer it; only tpu does"),
+    ({"model": "tiny-sd3", "mode": "regional"}, UnsupportedCombination, "has no repeated blocks"),
+    ({"mode": "compiled", "placement": "offload"}, UnsupportedCombination,
+     "offload hooks cannot be traced: with offload only regional or eager"),
+    ({"model": "tiny-sd3", "placement": "tp", "tp_size": 2}, UnsupportedCombination, "no tensor-parallel plan"),
+    ({"placement": "tp", "tp_size": 3}, InvalidRequest, "a divisor of the 4 attention heads"),
+    ({"hardware": "neuron"}, HardwareUnavailable, "hardware 'neuron' is not available here: torch_neuronx is not installed"),
+    ({"hardware": "tpu"}, HardwareUnavailable, "torch_tpu is not installed"),
+]
+
+
+@pytest.mark.parametrize("fields,error,message", BAD, ids=[str(b[0])[:40] for b in BAD])
+def test_invalid_request_gets_a_typed_error_naming_the_field(fields, error, message):
+    with pytest.raises(error) as raised:
+        check_request(req(**fields))
+    assert message in str(raised.value)
+
+
+def test_defaults_come_from_the_model():
+    r = check_request(GenerateRequest(prompt="  a cat  "))
+    spec = CATALOG["tiny-flux2-klein"]
+    assert (r.model, r.hardware, r.mode, r.placement, r.tp_size) == ("tiny-flux2-klein", "cpu", "eager", "device", 1)
+    assert (r.width, r.height, r.steps, r.guidance, r.prompt) == (64, 64, spec.steps, spec.guidance, "a cat")
+
+
+def test_numbers_typed_as_text_are_accepted():
+    r = check_request(req(width="128", height="64", steps="3", guidance="2.5", seed="42"))
+    assert (r.width, r.height, r.steps, r.guidance, r.seed) == (128, 64, 3, 2.5, 42)
+
+
+def test_sd3_offers_no_regional_mode_and_says_why():
+    options = {o.name: o for o in mode_options(CATALOG["sd3.5-medium"], get_hardware("tpu"), "device")}
+    assert options["eager-fused"].ok and options["compiled"].ok
+    assert not options["regional"].ok and "no repeated blocks" in options["regional"].reason
+
+
+@pytest.mark.parametrize("model,memory_gib,count,placement,tp", [
+    ("flux2-klein-4b", 24, 64, "device", 1),   # fits one NeuronCore
+    ("flux1-schnell", 32, 4, "offload", 1),    # does not fit one v6e chip, each component does
+    ("sd3.5-medium", 32, 4, "device", 1),      # ~15 GB fits one v6e chip
+    ("flux2-dev", 24, 64, "tp", 4),            # 64 GB transformer over 24 GiB cores
+    ("flux2-dev", 32, 8, "tp", 4),            # v6e chips
+    ("flux2-dev", 96, 16, "offload", 1),      # a whole trn2 chip holds each component
+])
+def test_placement_is_proposed_from_weights_and_device_memory(model, memory_gib, count, placement, tp):
+    proposal = propose_placement(CATALOG[model], Availability(True, "", count, memory_gib * GiB))
+    assert (proposal.name, proposal.tp_size) == (placement, tp)
+    assert "GB" in proposal.reason
