@@ -1,0 +1,80 @@
+"""`python -m acceldemo`: info, generate and warmup as a person runs them, in real processes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "acceldemo", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def json_lines(done):
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["generate"], ["warmup"]])
+def test_help_everywhere(command):
+    done = cli(*command, "--help")
+    assert done.returncode == 0 and "usage: python -m acceldemo" in done.stdout
+
+
+def test_info_lists_absent_hardware_with_reasons_and_models():
+    info = json.loads(cli("info", "--json").stdout)
+    assert info["hardware"]["cpu"]["available"]
+    assert info["hardware"]["tpu"] == {**info["hardware"]["tpu"], "available": False,
+                                       "reason": "torch_tpu is not installed"}
+    assert info["models"]["flux2-dev"]["pipeline"] == "Flux2Pipeline"
+    assert info["models"]["tiny-sd3"]["modes"]["cpu"]["regional"][0] is False
+
+
+def test_generate_reports_new_graphs_then_warm(tmp_path):
+    rows = json_lines(cli("generate", "--prompt", "a red circle", "--json", "--mode", "compiled", "--size", "64x64",
+                          "--size", "128x64", "--size", "64x64", "--out", str(tmp_path)))
+    assert [r["new_graphs"] > 0 for r in rows] == [True, True, False]
+    assert [r["warm"] for r in rows] == [False, False, True]
+    for row in rows:
+        assert {"model", "hardware", "mode", "placement", "width", "height", "steps", "seed", "seconds",
+                "new_graphs", "warm", "path"} <= row.keys()
+        assert Image.open(row["path"]).size == (row["width"], row["height"])
+
+
+def test_repeat_runs_each_size_k_times(tmp_path):
+    rows = json_lines(cli("generate", "--prompt", "x", "--json", "--size", "64x64", "--size", "80x64",
+                          "--repeat", "2", "--out", str(tmp_path)))
+    assert [(r["width"], r["warm"]) for r in rows] == [(64, False), (64, True), (80, False), (80, True)]
+
+
+def test_warmup_reports_each_shape(tmp_path):
+    rows = json_lines(cli("warmup", "--mode", "regional", "--size", "64x64", "--size", "96x64", "--json"))
+    assert [(r["shape"], r["state"]) for r in rows] == [("64x64", "ready"), ("96x64", "ready")]
+    assert all(r["graphs"] > 0 for r in rows)
+
+
+def test_a_bad_request_is_one_clear_line_and_exit_2():
+    done = cli("generate", "--prompt", "x", "--size", "100x64")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "error: width=100 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 96" \
+        in done.stderr
+    done = cli("generate", "--prompt", "x", "--hardware", "neuron")
+    assert done.returncode == 2 and "torch_neuronx is not installed" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_inductor_graphs_compile_once_and_a_restart_reuses_the_cache(tmp_path):
+    env = {"ACCELDEMO_CPU_COMPILE_BACKEND": "inductor", "ACCELDEMO_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor")}
+    args = ["generate", "--prompt", "a red circle", "--json", "--mode", "compiled", "--out", str(tmp_path)]
+    rows = json_lines(cli(*args, "--size", "64x64", "--size", "128x64", "--size", "64x64", env=env))
+    assert [r["new_graphs"] > 0 for r in rows] == [True, True, False]
+    assert rows[0]["compile_cache_hits"] == 0
+    restarted = json_lines(cli(*args, "--size", "64x64", env=env))
+    assert restarted[0]["new_graphs"] > 0 and restarted[0]["compile_cache_hits"] > 0
