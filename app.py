@@ -1,8 +1,9 @@
-"""Entry point of the demo (Hugging Face Space `app_file`). Until the web UI lands, a CLI run on the embedded model."""
-import sys
+"""Entry point of the demo (Hugging Face Space `app_file`): serves the page at http://127.0.0.1:7860."""
+import os
 
-from acceldemo.cli import main
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from acceldemo.ui.server import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["generate", "--prompt", "a red circle on a blue background, top left",
-                                   "--mode", "compiled", "--size", "64x64", "--size", "128x64", "--size", "64x64"]))
+    main()

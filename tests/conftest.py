@@ -38,3 +38,41 @@ def fresh_manager():
     yield make
     for m in made:
         m.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The real app.py serving on a free loopback port, with start-up warm-up of one shape."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--warmup", "compiled:64x64"],
+                                   cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.time() > deadline:
+                process.kill()
+                raise RuntimeError("server did not start:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.5)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)

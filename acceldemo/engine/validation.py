@@ -117,6 +117,14 @@ def check_prompt(prompt: object) -> str:
     return prompt.strip()
 
 
+def parse_resolution(text: object) -> Shape:
+    """A typed resolution (WIDTHxHEIGHT) as a shape; the sizes themselves are checked per model later."""
+    shape = Shape.parse(text) if isinstance(text, str) and len(text) < 40 else None
+    if shape is None:
+        raise InvalidRequest("resolution", text, "WIDTHxHEIGHT, e.g. 1024x1024")
+    return shape
+
+
 def check_shape(spec: ModelSpec, width: object, height: object) -> Shape:
     """A size valid for the model: within its range and a multiple of its granularity."""
     g, low, high = spec.granularity, spec.min_side, spec.max_side

@@ -1,0 +1,209 @@
+"""The Gradio page: components and events; each handler is one engine call and its translation."""
+from __future__ import annotations
+
+import logging
+import random
+
+import gradio as gr
+import pandas as pd
+
+from ..engine import SessionManager, check_request, mode_options, parse_resolution, propose_placement
+from ..errors import AcceldemoError
+from ..hardware import ALL_MODES, HARDWARE, detect_all, get_hardware
+from ..models.catalog import CATALOG, DEFAULT_MODEL, get_model
+from ..records import GenerateRequest, GenerateResult, Progress
+from .metrics import Metrics
+
+log = logging.getLogger("acceldemo.ui")
+AUTO = "auto"
+STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
+                  "last warm s", "reason"]
+
+
+def _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateRequest:
+    shape = parse_resolution(resolution)
+    return GenerateRequest(prompt=prompt, model=model, hardware=hardware, mode=mode,
+                           placement=None if placement in (None, AUTO) else placement,
+                           tp_size=int(tp_size) if placement == "tp" and tp_size is not None else None,
+                           width=shape.width, height=shape.height, steps=steps, guidance=guidance, seed=seed)
+
+
+def _progress_to_gradio(progress: gr.Progress):
+    def report(event: Progress) -> None:
+        # Gradio hides the text with the bar when the fraction is None, so phases without steps show 0.
+        fraction = event.step / event.total if event.step and event.total else 0.0
+        progress(fraction, desc=event.message if event.phase != "denoise" else f"denoise {event.message}")
+    return report
+
+
+def describe_result(result: GenerateResult) -> str:
+    """The facts a person reads beside the image."""
+    r = result.request
+    reuse = "reused a compiled graph" if result.warm else (
+        f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else "first visit to this shape")
+    return (f"**{r.width}x{r.height}** · {r.model} · {r.hardware} · {r.mode} · {r.placement}  \n"
+            f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
+            f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
+            f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}")
+
+
+def status_rows(manager: SessionManager) -> pd.DataFrame:
+    rows = []
+    for p in manager.status():
+        for s in p.shapes or ():
+            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), s.state,
+                         round(s.compile_seconds, 2), s.graphs, s.hits,
+                         None if s.first_call_seconds is None else round(s.first_call_seconds, 3),
+                         None if s.last_latency is None else round(s.last_latency, 3), s.reason])
+    return pd.DataFrame(rows, columns=STATUS_COLUMNS)
+
+
+def latency_points(manager: SessionManager) -> pd.DataFrame:
+    """Per shape: first-call and warm latency of every mode measured, for the chart."""
+    rows = []
+    for p in manager.status():
+        for s in p.shapes:
+            if s.first_call_seconds is not None:
+                rows.append([str(s.shape), f"{p.key.mode} first call", s.first_call_seconds])
+            if s.last_latency is not None:
+                rows.append([str(s.shape), f"{p.key.mode} warm", s.last_latency])
+    return pd.DataFrame(rows, columns=["shape", "series", "seconds"])
+
+
+def status_json(manager: SessionManager, startup: dict) -> dict:
+    """What the manager holds, for the API and /status: pipelines, shapes, counters."""
+    return {
+        "startup_warmup": startup.get("state", "none configured"),
+        "queue_depth": manager.queue_depth(),
+        "counters": dict(manager.counters),
+        "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware, "mode": p.key.mode,
+                       "placement": p.key.placement, "tp_size": p.key.tp_size, "resident": p.resident,
+                       "busy": p.busy, "load_seconds": round(p.load_seconds, 3),
+                       "shapes": [{**s.__dict__, "shape": str(s.shape)} for s in p.shapes]}
+                      for p in manager.status()],
+    }
+
+
+def hardware_choices() -> list[tuple[str, str]]:
+    found = detect_all()
+    return [(f"{n} — {'found: ' if a.available else 'unavailable: '}{a.reason}", n) for n, a in found.items()]
+
+
+def option_notes(model: str, hardware: str, placement: str) -> str:
+    """Which modes work for this model and hardware, why the others do not, and the proposed placement."""
+    try:
+        spec, hw = get_model(model), get_hardware(hardware)
+    except AcceldemoError as error:
+        return str(error)
+    found = hw.detect()
+    if not found.available:
+        return f"**{hardware} is unavailable:** {found.reason}"
+    proposal = propose_placement(spec, found)
+    lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}"
+             for o in mode_options(spec, hw, None if placement == AUTO else placement)]
+    return "\n".join([f"**Proposed placement:** `{proposal.name}`"
+                      + (f" × {proposal.tp_size}" if proposal.name == "tp" else "") + f" — {proposal.reason}",
+                      *lines])
+
+
+def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.Blocks:
+    """The page; `startup` holds the start-up warm-up state the page shows."""
+    default = get_model(DEFAULT_MODEL)
+    default_hw = next((n for n in ("neuron", "tpu", "cuda") if HARDWARE[n].detect().available), "cpu")
+    all_presets = sorted({str(s) for spec in CATALOG.values() for s in spec.presets},
+                         key=lambda t: tuple(map(int, t.split("x"))))
+
+    def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+                 progress=gr.Progress()):
+        try:
+            request = _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed)
+            result = manager.generate(request, _progress_to_gradio(progress))
+        except AcceldemoError as error:
+            metrics.requests.labels("invalid").inc()
+            raise gr.Error(str(error), print_exception=False) from None
+        except Exception as error:  # never a traceback in the page
+            metrics.requests.labels("failed").inc()
+            log.exception("generate failed")
+            raise gr.Error(f"internal error: {type(error).__name__}: {error}", print_exception=False) from None
+        metrics.observe(result)
+        return result.image, describe_result(result), result.facts()
+
+    def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
+        if not shapes:
+            raise gr.Error("choose at least one shape to warm up", print_exception=False)
+        try:
+            base = check_request(_request("warm-up", model, hardware, mode, placement, tp_size,
+                                          get_model(model).default_shape.__str__(), None, None, 0))
+            records = manager.warm_up(base, [parse_resolution(s) for s in shapes], _progress_to_gradio(progress))
+        except AcceldemoError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        return "Warmed: " + ", ".join(f"{r.shape} ({r.state}, {r.compile_seconds:.2f} s compile)" for r in records)
+
+    def refresh_status():
+        state = startup.get("state", "none configured")
+        return status_rows(manager), latency_points(manager), f"Start-up warm-up: {state}"
+
+    def on_model(model, hardware, placement):
+        spec = get_model(model)
+        return (gr.update(choices=[str(s) for s in spec.presets], value=str(spec.default_shape)),
+                spec.steps, spec.guidance, option_notes(model, hardware, placement))
+
+    with gr.Blocks(title="acceldemo") as page:
+        gr.Markdown("# acceldemo — diffusion on accelerators, with the compile cost in plain sight")
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(label="Prompt", value="a red circle on a blue background, top left", lines=2,
+                                    elem_id="prompt")
+                with gr.Row():
+                    model = gr.Dropdown([(s.title, s.name) for s in CATALOG.values()], value=default.name,
+                                        label="Model", elem_id="model")
+                    hardware = gr.Dropdown(hardware_choices(), value=default_hw, label="Hardware",
+                                           elem_id="hardware")
+                    mode = gr.Dropdown(list(ALL_MODES), value="eager", label="Mode", elem_id="mode")
+                    resolution = gr.Dropdown(all_presets, value=str(default.default_shape), allow_custom_value=True,
+                                             label="Resolution (WxH, presets or typed)", elem_id="resolution")
+                with gr.Row():
+                    steps = gr.Number(default.steps, label="Steps", precision=0, elem_id="steps")
+                    guidance = gr.Number(default.guidance, label="Guidance", elem_id="guidance")
+                    seed = gr.Number(0, label="Seed", precision=0, elem_id="seed")
+                    dice = gr.Button("Random seed", size="sm")
+                with gr.Accordion("Placement (advanced)", open=False):
+                    with gr.Row():
+                        placement = gr.Dropdown([AUTO, "device", "offload", "tp"], value=AUTO, label="Placement",
+                                                elem_id="placement")
+                        tp_size = gr.Number(2, label="TP world size", precision=0)
+                notes = gr.Markdown(option_notes(default.name, default_hw, AUTO), elem_id="mode-notes")
+                run = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=2):
+                image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384)
+                facts = gr.Markdown(elem_id="facts")
+                facts_json = gr.JSON(label="Facts (JSON)", visible=False)
+        with gr.Accordion("Warm-up", open=False):
+            warm_shapes = gr.CheckboxGroup(all_presets, value=[str(default.default_shape)], label="Shapes to compile")
+            warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
+            warm_result = gr.Markdown()
+        gr.Markdown("## Compiled shapes")
+        startup_text = gr.Markdown(elem_id="startup")
+        table = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
+        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", title="First call vs warm latency",
+                               y_title="seconds", height=280)
+        timer = gr.Timer(2.0)
+
+        inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed]
+        run.click(generate, inputs, [image, facts, facts_json], api_name="generate", concurrency_id="device")
+        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
+                          api_name="warm_up", concurrency_id="device")
+        timer.tick(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")
+        page.load(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")
+
+        def pipelines() -> dict:
+            """Resident pipelines and their compiled shapes, as plain JSON."""
+            return status_json(manager, startup)
+
+        gr.api(pipelines, api_name="status", queue=False)
+        dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
+        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes], queue=False,
+                     api_visibility="private")
+        for changed in (hardware, placement):
+            changed.change(option_notes, [model, hardware, placement], notes, queue=False, api_visibility="private")
+    return page

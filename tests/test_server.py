@@ -1,0 +1,87 @@
+"""The served app through gradio_client and plain HTTP: generate, warm repeats, errors, status, metrics."""
+import json
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from gradio_client import Client
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+
+def call_generate(client, resolution="64x64", mode="compiled", **kw):
+    args = dict(prompt="a red circle", model="tiny-flux2-klein", hardware="cpu", mode=mode, placement="auto",
+                tp_size=2, resolution=resolution, steps=4, guidance=1.0, seed=0)
+    args.update(kw)
+    return client.predict(*args.values(), api_name="/generate")
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    deadline = time.time() + 180
+    while get(server + "/ready")[0] != 200:  # start-up warm-up of 64x64 first
+        assert time.time() < deadline, "start-up warm-up never finished"
+        time.sleep(0.5)
+    return Client(server + "/", verbose=False)
+
+
+def test_generate_returns_an_image_of_the_asked_size(client):
+    image_path, text, facts = call_generate(client, resolution="128x64", mode="eager")
+    pixels = np.asarray(Image.open(image_path))
+    assert pixels.shape[:2] == (64, 128) and pixels.std() > 1.0
+    assert facts["width"] == 128 and facts["height"] == 64 and "128x64" in text
+
+
+def test_a_shape_warmed_at_start_is_warm_and_a_repeat_is_warm(client):
+    _, _, first = call_generate(client, resolution="64x64")
+    assert first["new_graphs"] == 0 and first["warm"]
+    _, _, new = call_generate(client, resolution="96x64")
+    _, _, again = call_generate(client, resolution="96x64", seed=5)
+    assert new["new_graphs"] > 0 and not new["warm"]
+    assert again["new_graphs"] == 0 and again["warm"]
+
+
+def test_an_invalid_request_gets_the_engine_message(client):
+    with pytest.raises(Exception) as raised:
+        call_generate(client, resolution="100x64")
+    assert "width=100 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 96" \
+        in str(raised.value)
+    with pytest.raises(Exception, match="resolution='big' is not accepted: WIDTHxHEIGHT"):
+        call_generate(client, resolution="big")
+    with pytest.raises(Exception, match="hardware 'tpu' is not available here: torch_tpu is not installed"):
+        call_generate(client, hardware="tpu")
+    assert call_generate(client, mode="eager")[2]["width"] == 64  # still serving
+
+
+def test_status_endpoint_lists_pipelines_and_shapes(client, server):
+    call_generate(client, resolution="64x64")
+    status = client.predict(api_name="/status")
+    compiled = next(p for p in status["pipelines"] if p["mode"] == "compiled")
+    shapes = {s["shape"]: s for s in compiled["shapes"]}
+    assert shapes["64x64"]["state"] == "ready" and shapes["64x64"]["graphs"] > 0 and shapes["64x64"]["hits"] >= 1
+    assert status["startup_warmup"].startswith("done: 64x64 ready")
+    code, body = get(server + "/status")
+    assert code == 200 and json.loads(body)["pipelines"]
+
+
+def test_service_routes(client, server):
+    assert get(server + "/health") == (200, '{"ok":true}')
+    code, body = get(server + "/ready")
+    assert code == 200 and json.loads(body)["ready"] is True
+    code, metrics = get(server + "/metrics")
+    assert code == 200
+    for name in ("acceldemo_requests_total", "acceldemo_phase_seconds_bucket", "acceldemo_compiled_graphs_total",
+                 "acceldemo_compile_seconds_total", "acceldemo_shape_cache_hits_total", "acceldemo_queue_depth",
+                 "acceldemo_resident_pipelines"):
+        assert name in metrics, name
