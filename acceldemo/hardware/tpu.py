@@ -64,14 +64,16 @@ return {'available': True, 'reason': f'{n} TPU chips', 'device_count': n}
         if legacy.returncode != 0:
             raise RuntimeError("neither torch.tpu.distributed.set_tpu_launch_env nor "
                                "torch_tpu._internal.distributed.launchers.singlehost_wrapper worked: "
-                               + (done.stderr or legacy.stderr).strip()[-300:])
+                               f"{done.stderr.strip()[-300:]} | {legacy.stderr.strip()[-300:]}")
         return parse_exports(legacy.stdout)
 
 
 _LAUNCH_ENV_CODE = """
 import json, os, sys
-before = dict(os.environ)
+if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+    import torch_tpu  # with autoload off, torch.tpu exists only once the package is imported (SPEC §1)
 import torch.tpu.distributed as d
+before = dict(os.environ)
 d.set_tpu_launch_env(nproc_per_node=int(sys.argv[1]))
 print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))
 """
