@@ -21,6 +21,8 @@ class Settings:
     max_resident_pipelines: int
     max_shapes_per_pipeline: int
     model_dir: Path | None
+    # Longest wait for a busy device before a request is answered "busy, retry".
+    device_wait_s: float = 600.0
 
     @staticmethod
     def from_env() -> "Settings":
@@ -32,6 +34,7 @@ class Settings:
             max_resident_pipelines=_env_int("ACCELDEMO_MAX_RESIDENT", 3),
             max_shapes_per_pipeline=_env_int("ACCELDEMO_MAX_SHAPES", 32),
             model_dir=Path(model_dir) if model_dir else None,
+            device_wait_s=float(os.environ.get("ACCELDEMO_DEVICE_WAIT_S", 600)),
         )
 
 

@@ -54,7 +54,11 @@ class ModelUnavailable(AcceldemoError):
 
 
 class CapacityExceeded(AcceldemoError):
-    """A limit the operator set (shapes per pipeline, queue) would be crossed."""
+    """A limit the operator set (shapes per pipeline, queue, waiting time) would be crossed."""
+
+
+class Cancelled(AcceldemoError):
+    """The person stopped the job; it ended at the next denoise step and freed the device."""
 
 
 class GenerationFailed(AcceldemoError):

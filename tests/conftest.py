@@ -75,4 +75,8 @@ def server(tmp_path_factory):
             time.sleep(0.5)
     yield url
     process.terminate()
-    process.wait(timeout=30)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise

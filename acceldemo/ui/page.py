@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 
 import gradio as gr
 import pandas as pd
@@ -113,11 +114,15 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
     all_presets = sorted({str(s) for spec in CATALOG.values() for s in spec.presets},
                          key=lambda t: tuple(map(int, t.split("x"))))
 
+    # Stop flags per browser session: Stop ends that session's job at its next denoise step.
+    stops: dict[str, threading.Event] = {}
+
     def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-                 progress=gr.Progress()):
+                 session: gr.Request, progress=gr.Progress()):
+        stop = stops[session.session_hash] = threading.Event()
         try:
             request = _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed)
-            result = manager.generate(request, _progress_to_gradio(progress))
+            result = manager.generate(request, _progress_to_gradio(progress), cancelled=stop.is_set)
         except AcceldemoError as error:
             metrics.requests.labels("invalid").inc()
             raise gr.Error(str(error), print_exception=False) from None
@@ -125,8 +130,13 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
             metrics.requests.labels("failed").inc()
             log.exception("generate failed")
             raise gr.Error(f"internal error: {type(error).__name__}: {error}", print_exception=False) from None
+        finally:
+            stops.pop(session.session_hash, None)
         metrics.observe(result)
         return result.image, describe_result(result), result.facts()
+
+    def stop_job(session: gr.Request) -> None:
+        stops.get(session.session_hash, threading.Event()).set()
 
     def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
         if not shapes:
@@ -173,7 +183,9 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
                                                 elem_id="placement")
                         tp_size = gr.Number(2, label="TP world size", precision=0)
                 notes = gr.Markdown(option_notes(default.name, default_hw, AUTO), elem_id="mode-notes")
-                run = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Row():
+                    run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384)
                 facts = gr.Markdown(elem_id="facts")
@@ -190,7 +202,9 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         timer = gr.Timer(2.0)
 
         inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed]
-        run.click(generate, inputs, [image, facts, facts_json], api_name="generate", concurrency_id="device")
+        generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
+                               concurrency_id="device")
+        stop_button.click(stop_job, None, None, queue=False, cancels=[generating], api_visibility="private")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
                           api_name="warm_up", concurrency_id="device")
         timer.tick(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import logging
 import os
 import threading
 
 import gradio as gr
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -42,9 +43,37 @@ def _warm_up_at_start(manager: SessionManager, warmup: tuple[str, list], startup
     startup["done"] = True
 
 
-def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, model: str | None = None) -> FastAPI:
-    """The whole HTTP surface; start-up warm-up runs in the background and /ready tells when it is done."""
+def parse_auth(text: str | None) -> tuple[str, str] | None:
+    """USER:PASSWORD for the page and Gradio API; None when unset."""
+    if not text:
+        return None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("ACCELDEMO_AUTH / --auth must be USER:PASSWORD")
+    return user, password
+
+
+def bearer_guard(token: str | None):
+    """A dependency that asks for `Authorization: Bearer <token>` when a token is configured."""
+    def check(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise HTTPException(401, "this route needs Authorization: Bearer <ACCELDEMO_API_TOKEN>",
+                                headers={"WWW-Authenticate": "Bearer"})
+    return check
+
+
+def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, model: str | None = None,
+               auth: tuple[str, str] | None = None, api_token: str | None = None) -> FastAPI:
+    """The whole HTTP surface; start-up warm-up runs in the background and /ready tells when it is done.
+
+    `auth` protects the page and the Gradio API; `api_token` protects /status and /metrics.
+    /health and /ready stay open for load balancers.
+    """
     metrics = Metrics(manager)
+    guarded = [Depends(bearer_guard(api_token))]
     startup: dict = {} if warmup else {"done": True}
 
     @contextlib.asynccontextmanager
@@ -67,17 +96,17 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
         return JSONResponse({"ready": done, "warmup": startup.get("state", "none configured")},
                             status_code=200 if done else 503)
 
-    @app.get("/status")
+    @app.get("/status", dependencies=guarded)
     def status() -> dict:
         return status_json(manager, startup)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=guarded)
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     page = build_page(manager, metrics, startup)
     page.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
-    return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"])
+    return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,14 +118,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", default=os.environ.get("ACCELDEMO_WARMUP"),
                         help="compile at start: MODE:WxH[,WxH...], e.g. compiled:64x64,128x64 (env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
+    parser.add_argument("--auth", default=os.environ.get("ACCELDEMO_AUTH"),
+                        help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
 
     try:
         warmup = parse_warmup(args.warmup)
-    except AcceldemoError as error:
+        auth = parse_auth(args.auth)
+    except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
-    app = create_app(SessionManager(), warmup, args.model)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
+        log.warning("serving on %s without --auth: anyone who reaches this address can use the page", args.host)
+    app = create_app(SessionManager(), warmup, args.model, auth, os.environ.get("ACCELDEMO_API_TOKEN"))
     log.info("serving on http://%s:%d", args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
