@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..config import Settings
-from ..errors import AcceldemoError, CapacityExceeded, GenerationFailed
+from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed
 from ..executors.base import Executor, LoadedPipeline
 from ..models.catalog import get_model
 from ..records import GenerateRequest, GenerateResult, PipelineKey, Progress, ProgressCallback, Shape, no_progress
@@ -80,11 +80,13 @@ def size_recompile_limit(settings: Settings) -> None:
 class SessionManager:
     """Runs requests on resident pipelines, one job at a time per device, within a memory budget."""
 
-    def __init__(self, settings: Settings | None = None, executor: Executor | None = None):
+    def __init__(self, settings: Settings | None = None, executor: Executor | None = None,
+                 pool_executor: Executor | None = None):
         from ..executors.local import LocalExecutor
 
         self.settings = settings or Settings.from_env()
         self.executor = executor or LocalExecutor(self.settings)
+        self._pool_executor = pool_executor
         self._entries: OrderedDict[PipelineKey, _Entry] = OrderedDict()
         self._lock = threading.RLock()
         self._device_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -139,9 +141,11 @@ class SessionManager:
         loaded.close()
 
     def close(self) -> None:
-        """Free every resident pipeline."""
+        """Free every resident pipeline and stop any worker pool."""
         for key in list(self._entries):
             self.evict(key, "shutdown")
+        if self._pool_executor is not None:
+            self._pool_executor.close()
 
     def _run(self, request: GenerateRequest, on_progress: ProgressCallback, cancelled, warm_up: bool
              ) -> GenerateResult:
@@ -155,9 +159,13 @@ class SessionManager:
             ahead = self._waiting[key.hardware] - 1 + device_lock.locked()
         if ahead:
             on_progress(Progress("wait", f"waiting for {key.hardware}: {ahead} job(s) ahead"))
-        with device_lock:
-            with self._lock:
-                self._waiting[key.hardware] -= 1
+        acquired = device_lock.acquire(timeout=self.settings.device_wait_s)
+        with self._lock:
+            self._waiting[key.hardware] -= 1
+        if not acquired:
+            raise CapacityExceeded(f"{key.hardware} stayed busy for {self.settings.device_wait_s:.0f} s "
+                                   f"(ACCELDEMO_DEVICE_WAIT_S); retry in a moment")
+        try:
             queue_wait = time.perf_counter() - started
             entry, load_seconds = self._load(key, spec, on_progress)
             try:
@@ -165,6 +173,8 @@ class SessionManager:
                                   load_seconds, started)
             finally:
                 entry.busy = False
+        finally:
+            device_lock.release()
 
     def _call(self, entry: _Entry, spec, request: GenerateRequest, on_progress, cancelled, warm_up: bool,
               queue_wait: float, load_seconds: float, started: float) -> GenerateResult:
@@ -210,6 +220,10 @@ class SessionManager:
             self.counters["compile_seconds"] += out.compile_seconds
             self.counters["compile_cache_hits"] += out.compile_cache_hits
             self.counters["shape_hits" if not first_visit else "shape_misses"] += 1
+        if cancelled():
+            self.counters["cancelled"] += 1
+            raise Cancelled(f"stopped at {shape} after {len(out.step_seconds) + 1} of {request.steps} steps; "
+                            f"{entry.key.hardware} is free for the next job")
         return GenerateResult(
             request=request, key=entry.key, images=out.images, seconds=time.perf_counter() - started,
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
@@ -227,7 +241,7 @@ class SessionManager:
         self._make_room(keep=key)
         started = time.perf_counter()
         try:
-            loaded = self.executor.load(key, spec, on_progress)
+            loaded = self.executor_for(key).load(key, spec, on_progress)
         except AcceldemoError:
             entry.busy = False
             raise
@@ -239,6 +253,16 @@ class SessionManager:
             entry.loaded, entry.load_seconds = loaded, time.perf_counter() - started
             self.counters["loads"] += 1
         return entry, entry.load_seconds
+
+    def executor_for(self, key: PipelineKey) -> Executor:
+        """Tensor-parallel pipelines live in a torchrun worker pool; every other one in this process."""
+        if key.placement != "tp":
+            return self.executor
+        if self._pool_executor is None:
+            from ..executors.pool import PoolExecutor
+
+            self._pool_executor = PoolExecutor(self.settings)
+        return self._pool_executor
 
     def _make_room(self, keep: PipelineKey) -> None:
         """Evict least recently used idle pipelines until one more fits the budget."""
