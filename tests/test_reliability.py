@@ -128,3 +128,59 @@ def test_sixteen_clients_four_requests_each_get_their_own_results(server):
     status = json.loads(urllib.request.urlopen(server + "/status", timeout=10).read())
     assert status["queue_depth"] == 0
     print(f"64 requests from 16 clients in {time.time() - started:.1f} s")
+
+
+def test_out_of_memory_while_loading_evicts_idle_pipelines_and_retries_once(fresh_manager):
+    m = fresh_manager()
+    m.generate(GenerateRequest(prompt="resident", hardware="cpu", model="tiny-flux1"))
+    real_load, failures = m.executor.load, []
+
+    def load_after_one_oom(key, spec, on_progress):
+        if not failures:
+            failures.append(key)
+            raise MemoryError("device memory exhausted")
+        return real_load(key, spec, on_progress)
+
+    m.executor.load = load_after_one_oom
+    events = []
+    result = m.generate(GenerateRequest(prompt="x", hardware="cpu", model="tiny-sd3"), events.append)
+    assert result.image.size == (64, 64)
+    assert "out of memory: freed 1 pipeline(s), loading again" in [e.message for e in events]
+    assert {p.key.model: p.resident for p in m.status()} == {"tiny-flux1": False, "tiny-sd3": True}
+
+
+def test_out_of_memory_with_nothing_to_free_is_a_clear_error(fresh_manager):
+    from acceldemo.errors import GenerationFailed
+
+    m = fresh_manager()
+
+    def always_oom(key, spec, on_progress):
+        raise MemoryError("device memory exhausted")
+
+    m.executor.load = always_oom
+    with pytest.raises(GenerationFailed, match="MemoryError: device memory exhausted .*try placement offload or tp"):
+        m.generate(GenerateRequest(prompt="x", hardware="cpu"))
+
+
+def test_an_exception_mid_denoise_is_a_clear_error_and_the_next_request_works(fresh_manager):
+    from acceldemo.errors import GenerationFailed
+
+    m = fresh_manager()
+    m.generate(GenerateRequest(prompt="x", hardware="cpu"))
+    calls = []
+
+    def fail_at_step_two(event):
+        if event.phase == "denoise" and event.step == 2 and not calls:
+            calls.append(event)
+            raise RuntimeError("NaN in the latents")
+
+    with pytest.raises(GenerationFailed, match="failed at 64x64: RuntimeError: NaN in the latents"):
+        m.generate(GenerateRequest(prompt="x", hardware="cpu", seed=3), fail_at_step_two)
+    assert m.generate(GenerateRequest(prompt="x", hardware="cpu", seed=3)).warm
+
+
+def test_no_model_is_ever_loaded_with_remote_code():
+    import pathlib
+
+    sources = pathlib.Path(ROOT, "acceldemo").rglob("*.py")
+    assert not [p for p in sources if "trust_remote_code=True" in p.read_text()]

@@ -241,14 +241,25 @@ class SessionManager:
         self._make_room(keep=key)
         started = time.perf_counter()
         try:
-            loaded = self.executor_for(key).load(key, spec, on_progress)
+            try:
+                loaded = self.executor_for(key).load(key, spec, on_progress)
+            except MemoryError as error:  # torch.OutOfMemoryError is one too
+                evicted = self._make_room(keep=key, budget=1)
+                if not evicted:
+                    raise
+                log.warning("out of memory loading %s (%s): evicted %d pipeline(s), retrying once",
+                            key, describe(error), evicted)
+                on_progress(Progress("load", f"out of memory: freed {evicted} pipeline(s), loading again"))
+                loaded = self.executor_for(key).load(key, spec, on_progress)
         except AcceldemoError:
             entry.busy = False
             raise
         except Exception as error:
             entry.busy = False
             log.exception("loading %s failed", key)
-            raise GenerationFailed(f"loading {key} failed: {describe(error)}") from None
+            hint = " (out of memory even with nothing else resident: try placement offload or tp)" \
+                if isinstance(error, MemoryError) else ""
+            raise GenerationFailed(f"loading {key} failed: {describe(error)}{hint}") from None
         with self._lock:
             entry.loaded, entry.load_seconds = loaded, time.perf_counter() - started
             self.counters["loads"] += 1
@@ -264,16 +275,18 @@ class SessionManager:
             self._pool_executor = PoolExecutor(self.settings)
         return self._pool_executor
 
-    def _make_room(self, keep: PipelineKey) -> None:
-        """Evict least recently used idle pipelines until one more fits the budget."""
+    def _make_room(self, keep: PipelineKey, budget: int | None = None) -> int:
+        """Evict least recently used idle pipelines until one more fits the budget; returns how many went."""
+        budget = self.settings.max_resident_pipelines if budget is None else budget
+        evicted = 0
         while True:
             with self._lock:
                 resident = [e for e in self._entries.values() if e.loaded is not None and e.key != keep]
-                if len(resident) < self.settings.max_resident_pipelines:
-                    return
+                if len(resident) < budget:
+                    return evicted
                 idle = [e for e in resident if not e.busy]
                 if not idle:
-                    log.warning("over the budget of %d resident pipelines: all are busy",
-                                self.settings.max_resident_pipelines)
-                    return
-            self.evict(idle[0].key, f"budget of {self.settings.max_resident_pipelines} resident pipelines")
+                    log.warning("over the budget of %d resident pipelines: all are busy", budget)
+                    return evicted
+            self.evict(idle[0].key, f"budget of {budget} resident pipelines")
+            evicted += 1

@@ -158,7 +158,8 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         return (gr.update(choices=[str(s) for s in spec.presets], value=str(spec.default_shape)),
                 spec.steps, spec.guidance, option_notes(model, hardware, placement))
 
-    with gr.Blocks(title="acceldemo") as page:
+    # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes.
+    with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as page:
         gr.Markdown("# acceldemo — diffusion on accelerators, with the compile cost in plain sight")
         with gr.Row():
             with gr.Column(scale=2):
