@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from ..config import Settings
 from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed
 from ..executors.base import Executor, LoadedPipeline
+from ..executors.recipe import size_recompile_limit
 from ..models.catalog import get_model
 from ..records import GenerateRequest, GenerateResult, PipelineKey, Progress, ProgressCallback, Shape, no_progress
 from .validation import check_request
@@ -18,8 +19,6 @@ from .validation import check_request
 log = logging.getLogger("acceldemo.engine")
 
 COMPILED_MODES = ("compiled", "regional")
-# Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (FACTS.md).
-GRAPHS_PER_SHAPE = 4
 
 
 @dataclass
@@ -65,16 +64,6 @@ def describe(error: BaseException) -> str:
     text = " ".join(str(error).split())
     text = text.split(" Set TORCHDYNAMO_VERBOSE")[0]
     return f"{prefix}{type(error).__name__}: {text}"[:400]
-
-
-def size_recompile_limit(settings: Settings) -> None:
-    """Give dynamo room for every shape the app allows, so a new shape never hits the default limit of 8."""
-    import torch._dynamo
-
-    wanted = GRAPHS_PER_SHAPE * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines, 1)
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, wanted)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * wanted)
 
 
 class SessionManager:

@@ -6,6 +6,7 @@ import unicodedata
 from dataclasses import dataclass, replace
 
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
+from ..executors.pool import pool_nodes
 from ..hardware import ALL_MODES, Availability, Hardware, best_available, get_hardware, require_available
 from ..models.catalog import ModelSpec, get_model
 from ..records import GenerateRequest, Shape
@@ -175,7 +176,12 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size
     size = _whole("tp_size", tp_size, 2, 64)
     if spec.attention_heads % size:
         raise InvalidRequest("tp_size", size, f"a divisor of the {spec.attention_heads} attention heads")
-    count = hardware.detect().device_count
+    nodes = pool_nodes()
+    if size % nodes:
+        raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
+                                              "(ACCELDEMO_POOL_NNODES)")
+    count = hardware.detect().device_count * nodes
     if hardware.name != "cpu" and size > count:
-        raise InvalidRequest("tp_size", size, f"at most the {count} {hardware.name} devices here")
+        where = "here" if nodes == 1 else f"on the pool's {nodes} nodes"
+        raise InvalidRequest("tp_size", size, f"at most the {count} {hardware.name} devices {where}")
     return size

@@ -4,9 +4,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..config import Settings
 from ..hardware import Hardware
 from ..models.catalog import ModelSpec
 from ..records import GenerateRequest, Progress, ProgressCallback, RunOutput
+
+# Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (FACTS.md).
+GRAPHS_PER_SHAPE = 4
+
+
+def size_recompile_limit(settings: Settings) -> None:
+    """Give dynamo room for every shape the app allows, so a new shape never hits the default limit of 8."""
+    import torch._dynamo
+
+    wanted = GRAPHS_PER_SHAPE * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines, 1)
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, wanted)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * wanted)
 
 
 def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str) -> None:
@@ -49,8 +63,11 @@ class _CompileMeter:
 
 
 def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateRequest, expect_compile: bool,
-                 on_progress: ProgressCallback, cancelled=lambda: False) -> RunOutput:
-    """One pipeline call with progress per phase; counts the graphs it compiled."""
+                 on_progress: ProgressCallback, cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
+    """One pipeline call with progress per phase; counts the graphs it compiled.
+
+    `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly.
+    """
     import torch
 
     steps = int(request.steps)
@@ -71,7 +88,7 @@ def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateReq
     kwargs = dict(
         prompt=request.prompt, height=int(request.height), width=int(request.width), num_inference_steps=steps,
         guidance_scale=float(request.guidance), num_images_per_prompt=int(request.num_images),
-        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type="pil",
+        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type=output_type,
         callback_on_step_end=on_step_end)
     if spec.max_sequence_length:
         kwargs["max_sequence_length"] = spec.max_sequence_length

@@ -22,6 +22,12 @@ p = torch.cuda.get_device_properties(0)
 return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memory_bytes': p.total_memory}
 """)
 
+    def prepare_rank(self, local_rank: int) -> None:
+        # Without this every rank of a pool would land on cuda:0.
+        import torch
+
+        torch.cuda.set_device(local_rank)
+
     def empty_cache(self) -> None:
         import torch
 

@@ -1,0 +1,408 @@
+"""One rank of the tensor-parallel worker pool; rank 0 also serves the app's authenticated channel.
+
+Launched by the pool executor (or, on further nodes, by an operator) as
+`python -m torch.distributed.run --nproc_per_node=N -m acceldemo.executors.worker --hardware HW [--socket PATH]`.
+Rank 0 takes one `Command` at a time from the app, fans it out to every rank with `broadcast_object_list` on a
+gloo control group, runs its own share, learns every rank's outcome with `all_gather_object`, and answers:
+("progress", Progress)*, then ("done", value) | ("failed", exception) | ("broken", message) — after "broken"
+the process group is unusable and the ranks exit, so torchrun ends and the app restarts the pool.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import logging
+import os
+import pickle
+import queue
+import select
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..records import Progress, RunOutput, no_progress
+
+ENV_AUTHKEY = "ACCELDEMO_POOL_AUTHKEY"
+ENV_APP_PID = "ACCELDEMO_POOL_APP_PID"
+ENV_TIMEOUT = "ACCELDEMO_POOL_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
+# Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
+# breaks the group (and so the pool) even when nobody is asking for images.
+HEARTBEAT_S = 10.0
+# Exit status of a rank that left because the app that started the pool is gone.
+EXIT_APP_GONE = 3
+
+log = logging.getLogger("acceldemo.worker")
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the app asks of the pool: load | run | unload | status | cancel | shutdown (heartbeat is internal)."""
+
+    kind: str
+    pipeline: str = ""
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank as it reports itself: who and where it is and what it holds."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    host: str
+    device: str
+    pipelines: tuple[str, ...] = ()
+    sharded: dict = field(default_factory=dict)  # pipeline -> [ShardedComponent]
+
+
+def pool_timeout_s() -> float:
+    """Seconds one command (start, load, run) may take before the pool counts as hung."""
+    return float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
+
+
+def portable_error(error: BaseException) -> BaseException:
+    """The exception itself if it survives pickling (so the app sees the same type), else its text in a RuntimeError."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def describe(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:400]
+
+
+class Channel:
+    """Rank 0's end of the app's channel: a Unix socket; a client is served only after the HMAC handshake.
+
+    `multiprocessing.connection.Listener(authkey=...)` sends a challenge and checks the client's digest of it with
+    raw byte reads before it hands out a connection, so nothing a client sends is unpickled before it has proved
+    it holds the pool's secret. Accepting runs in a thread so rank 0 keeps its heartbeat while no app is connected.
+    """
+
+    def __init__(self, address: str, authkey: bytes):
+        from multiprocessing.connection import Listener
+
+        self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        self.arrivals: queue.Queue = queue.Queue()
+        self.client = None
+        self.cancel_asked = False
+        threading.Thread(target=self._accept, name="channel-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        from multiprocessing import AuthenticationError
+
+        while True:
+            try:
+                self.arrivals.put(self.listener.accept())
+            except (AuthenticationError, EOFError, OSError) as error:
+                log.warning("refused a client of the pool channel: %s", describe(error))
+
+    def next_command(self, wait_s: float) -> Command | None:
+        """The app's next command, or None after `wait_s` without one."""
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            self._adopt_newest()
+            if self.client is None:
+                try:
+                    self.client = self.arrivals.get(timeout=min(left, 0.5))
+                except queue.Empty:
+                    pass
+                continue
+            try:
+                if self.client.poll(min(left, 0.5)):
+                    command = self.client.recv()
+                    if isinstance(command, Command) and command.kind != "cancel":
+                        return command
+            except (EOFError, OSError):
+                self.client = None
+        return None
+
+    def _adopt_newest(self) -> None:
+        # The app connects once per pool; a newer authenticated client means the old one is gone.
+        while not self.arrivals.empty():
+            if self.client is not None:
+                self.client.close()
+            self.client = self.arrivals.get()
+
+    def send(self, *message) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.send(message)
+        except (OSError, ValueError):
+            self.client = None
+
+    def progress(self, event: Progress) -> None:
+        self.send("progress", event)
+
+    def take_cancel(self) -> bool:
+        """Whether the app asked to stop the running request (read without waiting)."""
+        try:
+            while self.client is not None and self.client.poll(0):
+                command = self.client.recv()
+                self.cancel_asked |= isinstance(command, Command) and command.kind == "cancel"
+        except (EOFError, OSError):
+            self.client = None
+        return self.cancel_asked
+
+
+class Rank:
+    """What every rank holds and does: its process groups, its mesh, the pipelines it has loaded."""
+
+    def __init__(self, hardware, channel: Channel | None):
+        import datetime
+
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        timeout = datetime.timedelta(seconds=pool_timeout_s())
+        dist.init_process_group(hardware.dist_backend, timeout=timeout)
+        self.dist = dist
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        # Commands travel on their own CPU group, so they never queue behind (or between) the model's collectives.
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.mesh = DeviceMesh(hardware.mesh_device_type, list(range(self.world_size)))
+        self.hardware = hardware
+        self.channel = channel
+        self.pipelines: dict[str, tuple] = {}  # id -> (pipeline, spec)
+        self.sharded: dict[str, list] = {}
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        """Rank 0: take commands from the app, fan them out, answer. Returns the exit status."""
+        while True:
+            command = self.channel.next_command(HEARTBEAT_S) or Command("heartbeat")
+            self.channel.cancel_asked = False
+            try:
+                self._fan_out(command)
+                value, error = self._execute(command)
+                outcomes = self._gather(self._outcome(command, value, error))
+            except Exception as broken:  # the group itself failed: a peer died or the network went
+                log.error("process group broken during %s: %s", command.kind, describe(broken))
+                self.channel.send("broken", f"during {command.kind}: {describe(broken)}")
+                return 1
+            if command.kind != "heartbeat":
+                self._answer(command, value, outcomes)
+            if command.kind == "shutdown":
+                return 0
+
+    def follow(self) -> int:
+        """Every other rank: run what rank 0 fans out, in the same order."""
+        while True:
+            command = self._fan_out(None)
+            value, error = self._execute(command)
+            self._gather(self._outcome(command, value, error))
+            if command.kind == "shutdown":
+                return 0
+
+    def _fan_out(self, command: Command | None) -> Command:
+        box = [command]
+        self.dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def _gather(self, outcome) -> list:
+        outcomes = [None] * self.world_size
+        self.dist.all_gather_object(outcomes, outcome, group=self.control)
+        return outcomes
+
+    def _cancelled(self) -> bool:
+        """Asked by every rank at every step end: rank 0's answer (did the app cancel?) reaches all of them."""
+        box = [self.channel.take_cancel() if self.channel else False]
+        self.dist.broadcast_object_list(box, src=0, group=self.control)
+        return bool(box[0])
+
+    # --- the commands ---------------------------------------------------------------------------------------
+
+    def _execute(self, command: Command) -> tuple[object, BaseException | None]:
+        try:
+            handler = getattr(self, f"_do_{command.kind}")
+            return handler(command), None
+        except Exception as error:  # a bad request: every rank reports, the pool keeps serving
+            log.exception("%s failed on rank %d", command.kind, self.rank)
+            return None, error
+
+    def _do_heartbeat(self, command: Command) -> None:
+        return None
+
+    def _do_shutdown(self, command: Command) -> None:
+        return None
+
+    def _do_status(self, command: Command) -> RankInfo:
+        return self._info()
+
+    def _do_load(self, command: Command) -> list:
+        from .recipe import size_recompile_limit
+        from ..models.tensor_parallel import load_sharded_pipeline
+        from .recipe import apply_recipe
+
+        key, spec, settings = command.args
+        size_recompile_limit(settings)
+        progress = self.channel.progress if self.channel else no_progress
+        started = time.perf_counter()
+        progress(Progress("load", f"loading {spec.title} sharded over {self.world_size} ranks"))
+        pipe, sharded = load_sharded_pipeline(spec, settings, self.mesh)
+        pipe.set_progress_bar_config(disable=True)
+        progress(Progress("load", f"placing on {self.hardware.name} ({key.mode}, tp{self.world_size})",
+                          elapsed=time.perf_counter() - started))
+        apply_recipe(pipe, self.hardware, key.mode, key.placement)
+        self.pipelines[command.pipeline] = (pipe, spec)
+        self.sharded[command.pipeline] = sharded
+        return sharded
+
+    def _do_run(self, command: Command) -> RunOutput:
+        from .recipe import run_pipeline
+
+        request, expect_compile, output_type = command.args
+        pipe, spec = self._pipeline(command.pipeline)
+        progress = self.channel.progress if self.channel else no_progress
+        out = run_pipeline(pipe, spec, self.hardware, request, expect_compile, progress, self._cancelled,
+                           output_type=output_type)
+        if self.rank != 0:
+            return None  # only rank 0 answers the app
+        images = [_png(image) for image in out.images] if output_type == "pil" else list(out.images)
+        return RunOutput(images=images, seconds=out.seconds, new_graphs=out.new_graphs,
+                         compile_seconds=out.compile_seconds, compile_cache_hits=out.compile_cache_hits,
+                         step_seconds=out.step_seconds)
+
+    def _do_unload(self, command: Command) -> None:
+        self.pipelines.pop(command.pipeline, None)
+        self.sharded.pop(command.pipeline, None)
+        gc.collect()
+        self.hardware.empty_cache()
+
+    def _pipeline(self, pipeline: str) -> tuple:
+        try:
+            return self.pipelines[pipeline]
+        except KeyError:
+            raise KeyError(f"pipeline {pipeline!r} is not loaded on rank {self.rank}") from None
+
+    # --- answers --------------------------------------------------------------------------------------------
+
+    def _info(self) -> RankInfo:
+        return RankInfo(self.rank, self.local_rank, os.getpid(), socket.gethostname(), self.hardware.device,
+                        tuple(self.pipelines), dict(self.sharded))
+
+    def _outcome(self, command: Command, value, error: BaseException | None) -> tuple:
+        """What rank 0 learns from every rank: its error (the exception itself, so the app sees its type, e.g. an
+        out-of-memory one), or after a load its shard counts, after status its report."""
+        if error is not None:
+            return portable_error(error), None
+        return None, value if command.kind in ("load", "status") else None
+
+    def _answer(self, command: Command, value, outcomes: list) -> None:
+        failed = [(rank, error) for rank, (error, _) in enumerate(outcomes) if error is not None]
+        if failed:
+            rank, error = failed[0]
+            log.error("%s failed on rank(s) %s; answering with rank %d's %s", command.kind,
+                      ", ".join(str(r) for r, _ in failed), rank, describe(error))
+            self.channel.send("failed", error)
+            return
+        if command.kind == "load":
+            for rank, (_, sharded) in enumerate(outcomes):
+                shown = ", ".join(str(s) for s in sharded)
+                self.channel.progress(Progress("load", f"rank {rank} loaded: {shown} parameters sharded"))
+            value = [sharded for _, sharded in outcomes]
+        elif command.kind == "status":
+            value = [info for _, info in outcomes]
+        self.channel.send("done", value)
+
+
+def _png(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _exit_with(app_pid: int, folder: str | None) -> None:
+    """Leave as soon as the app that started the pool is gone (crashed, killed, or exited without closing it).
+
+    Rank 0 also removes the pool's private folder (its socket, torchrun's log): nobody else is left to.
+    """
+    def leave() -> None:
+        log.error("the app (pid %d) is gone: leaving", app_pid)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        os._exit(EXIT_APP_GONE)
+
+    def watch() -> None:
+        try:
+            descriptor = os.pidfd_open(app_pid)
+        except ProcessLookupError:
+            leave()
+        except (AttributeError, OSError):
+            while _alive(app_pid):
+                time.sleep(0.5)
+            leave()
+        select.select([descriptor], [], [])
+        leave()
+
+    threading.Thread(target=watch, name="app-watchdog", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to kill this rank if torchrun's agent (its parent) dies without stopping it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m acceldemo.executors.worker", description=__doc__)
+    parser.add_argument("--hardware", required=True, help="cpu, cuda, neuron or tpu")
+    parser.add_argument("--socket", help="rank 0's channel (Unix socket path); set by the app on its own node")
+    args = parser.parse_args(argv)
+    # Read and dropped before anything else runs, so no child of a rank (compiler workers) inherits the secret.
+    authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY, ""))
+    app_pid = os.environ.pop(ENV_APP_PID, None)
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    _die_with_launcher()
+    if app_pid:
+        _exit_with(int(app_pid), os.path.dirname(args.socket) if rank == 0 and args.socket else None)
+
+    from ..hardware import get_hardware
+
+    hardware = get_hardware(args.hardware)
+    # Before torch is imported: an adapter may choose the rank's core through the environment (Neuron).
+    hardware.prepare_rank(local_rank)
+    hardware.activate()
+    if rank == 0 and not (args.socket and authkey):
+        parser.error(f"rank 0 needs --socket and the secret in ${ENV_AUTHKEY}")
+    channel = Channel(args.socket, authkey) if rank == 0 else None
+    worker = Rank(hardware, channel)
+    log.info("rank %d of %d up (pid %d, %s)", worker.rank, worker.world_size, os.getpid(), hardware.name)
+    status = worker.serve() if worker.rank == 0 else worker.follow()
+    if status == 0:
+        worker.dist.destroy_process_group()
+    return status
+
+
+if __name__ == "__main__":
+    # Run as the imported module, not as __main__: the app pickles `acceldemo.executors.worker.Command`, and
+    # isinstance checks must see that class rather than a __main__ twin of it.
+    from acceldemo.executors.worker import main as imported_main
+
+    sys.exit(imported_main())
