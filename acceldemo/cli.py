@@ -1,4 +1,4 @@
-"""The command line: `python -m acceldemo info | generate | warmup`, headless, on the same engine as the UI."""
+"""The command line: `python -m acceldemo info | generate | warmup | bench`, headless, on the same engine as the UI."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from .bench import add_arguments as add_bench_arguments
+from .bench import cmd_bench
 from .errors import AcceldemoError, InvalidRequest
 from .records import GenerateRequest, Progress, Shape
 
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     warmup = commands.add_parser("warmup", help="compile shapes ahead of requests and report their cost")
     _request_args(warmup)
     warmup.add_argument("--json", action="store_true", help="one JSON line per shape on stdout")
+
+    bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
+    add_bench_arguments(bench)
     return parser
 
 
@@ -157,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return cmd_info(args)
+        if args.command == "bench":
+            return cmd_bench(args)
         from .engine import SessionManager
 
         manager = SessionManager()

@@ -1,0 +1,175 @@
+"""Section 7: end-to-end latency through the Gradio API of a real app.py on a loopback port, ÷ in-process latency.
+
+Only loopback traffic: the server binds 127.0.0.1 on a free port, and every loop is bounded by a request count.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..records import Shape
+from .figures import Figure, Spread, Target, interleaved, ratios
+
+APP = Path(__file__).resolve().parents[2] / "app.py"
+START_TIMEOUT_S = 300
+SHAPE = Shape(64, 64)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppServer:
+    """app.py on a free loopback port: started at once (its start-up overlaps other sections), waited for later."""
+
+    def __init__(self, warmup: str):
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+        for variable in ("ACCELDEMO_AUTH", "ACCELDEMO_API_TOKEN", "ACCELDEMO_HOST", "PORT", "ACCELDEMO_WARMUP"):
+            env.pop(variable, None)  # the bench's client talks to a plain loopback server
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port",
+                                         self.url.rsplit(":", 1)[1], "--warmup", warmup], env=env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def ready(self) -> str:
+        """The URL, once /ready answers 200 (the start-up warm-up is done)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2):
+                    return self.url
+            except (OSError, urllib.error.HTTPError):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.log.seek(0)
+                    raise RuntimeError(f"app.py did not become ready: {self.log.read()[-1500:]}") from None
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def serving_request(bench):
+    return bench.request(bench.plan.serving_mode, SHAPE)
+
+
+def start_server(bench) -> AppServer:
+    request = serving_request(bench)
+    return AppServer(f"{request.mode}:{SHAPE}")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def measure_serving(bench, server: AppServer) -> list[Figure]:
+    """Section 7 against `server`, which serves `serving_request(bench)`'s mode and shape."""
+    from gradio_client import Client
+
+    plan = bench.plan
+    request = serving_request(bench)
+    bench.manager.generate(request)
+    arguments = (request.prompt, request.model, request.hardware, request.mode, request.placement, 2, str(SHAPE),
+                 request.steps, request.guidance, request.seed)
+
+    engine: list[float] = []  # the server's own manager seconds of each request (from the answer's facts)
+
+    def api_call(client) -> float:
+        started = time.perf_counter()
+        _, _, facts = client.predict(*arguments, api_name="/generate")
+        seconds = time.perf_counter() - started
+        engine.append(facts["seconds"])
+        return seconds
+
+    url = server.ready()
+    client = Client(url, verbose=False)
+    api_call(client)
+    engine.clear()
+    served, local = interleaved([lambda: api_call(client), lambda: bench.timed(request, wall=True)],
+                                plan.serving_single)
+    engine_single = list(engine)
+
+    clients = [Client(url, verbose=False) for _ in range(plan.serving_clients)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(len(clients))
+
+    def one_client(c) -> None:
+        start.wait()
+        for _ in range(plan.serving_per_client):
+            try:
+                seconds = api_call(c)
+            except Exception as error:  # counted, and shown in the report
+                with lock:
+                    errors.append(f"{type(error).__name__}: {error}"[:200])
+                continue
+            with lock:
+                latencies.append(seconds)
+
+    threads = [threading.Thread(target=one_client, args=(c,), name=f"bench-client-{i}")
+               for i, c in enumerate(clients)]
+    began, client_cpu = time.perf_counter(), time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall, client_cpu = time.perf_counter() - began, time.process_time() - client_cpu
+    in_process = statistics.median(local)
+    n = len(clients)
+    throughput = len(latencies) / wall
+    engine_s = statistics.median(engine_single)
+    detail_1 = {"served_s": Spread.of(served).__dict__, "in_process_s": Spread.of(local).__dict__,
+                "server_engine_s": Spread.of(engine_single).__dict__, "p50_s": _percentile(served, 0.5),
+                "p95_s": _percentile(served, 0.95), "mode": request.mode, "shape": str(SHAPE),
+                "steps": request.steps}
+    requests = len(latencies) + len(errors)
+    many = {"clients": n, "requests": requests, "p50_s": None, "p95_s": None, "wall_s": wall, "errors": errors[:5],
+            "client_cpu_s_per_request": client_cpu / max(requests, 1)}
+    figures = [
+        Figure("serving_p50_1_client", 7, "1 client: end-to-end via Gradio API ÷ in-process (p50)", "ratio",
+               ratios(served, local), detail=detail_1,
+               note=f"{len(served)} requests interleaved with in-process calls, {request.mode} {SHAPE}: "
+                    f"{statistics.median(served) * 1000:.0f} ms end to end, of which {engine_s * 1000:.0f} ms in "
+                    f"the server's engine; in-process {in_process * 1000:.0f} ms"),
+        Figure("serving_p95_1_client", 7, "1 client: p95 end-to-end ÷ in-process median", "ratio",
+               Spread.of([_percentile(served, 0.95) / in_process])),
+    ]
+    if latencies:
+        many.update(p50_s=_percentile(latencies, 0.5), p95_s=_percentile(latencies, 0.95))
+        figures += [
+            Figure(f"serving_p50_{n}_clients", 7, f"{n} concurrent clients: p50 end-to-end ÷ in-process", "ratio",
+                   Spread.of([many["p50_s"] / in_process]), detail=many,
+                   note=f"one job at a time per device: a request waits for up to {n - 1} ahead, so "
+                        f"≈{n / 2:.0f}–{n} is the floor"),
+            Figure(f"serving_p95_{n}_clients", 7, f"{n} concurrent clients: p95 end-to-end ÷ in-process", "ratio",
+                   Spread.of([many["p95_s"] / in_process])),
+            Figure(f"serving_throughput_{n}_clients", 7, f"{n} concurrent clients: throughput", "requests/s",
+                   Spread.of([throughput]),
+                   note=f"device busy {throughput * in_process:.0%} of the time (throughput × in-process latency; "
+                        f"100% = no serving overhead); the {n} gradio_client instances spent "
+                        f"{many['client_cpu_s_per_request'] * 1000:.0f} ms of CPU per request on this same host"),
+        ]
+    figures.append(Figure("serving_errors", 7, "errors (1 and concurrent clients)", "errors",
+                          Spread.of([len(errors)]), Target("==", 0), note="; ".join(errors[:2]),
+                          if_missed="the first errors are in the note; the server's own log says more"))
+    return figures

@@ -1,0 +1,109 @@
+"""`python -m acceldemo bench` and the CUDA device script: they run, and their reports hold what they promise."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_SCRIPT = ROOT / "bench" / "device" / "flux2_klein_cuda.py"
+# The pool has tests of its own and is the slowest section to start; CI keeps this smoke run short without it.
+SMOKE_SECTIONS = "manager,compiled,revisits,regional,restart,serving"
+
+
+def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    done = _run(["-m", "acceldemo", "bench", "--smoke", "--sections", SMOKE_SECTIONS, "--out", str(out)], 600)
+    return json.loads((out / "bench.json").read_text()), out, done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_bench_writes_json_markdown_and_chart(smoke_report):
+    report, out, stdout = smoke_report
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "bench.md").read_text()
+    assert "python -m acceldemo bench --smoke" in table and "| § | figure |" in table
+    assert table.strip() in stdout
+    assert report["command"].startswith("python -m acceldemo bench --smoke")
+    assert report["failures"] == []
+    for figure in report["figures"]:
+        assert {"key", "section", "title", "unit", "value", "target", "met", "note"} <= set(figure)
+        value = figure["value"]
+        assert value["low"] <= value["median"] <= value["high"] and value["runs"] >= 1
+
+
+@pytest.mark.slow
+def test_smoke_bench_reports_every_asked_section(smoke_report):
+    report, _, _ = smoke_report
+    sections = {figure["section"] for figure in report["figures"]}
+    assert sections == {1, 3, 4, 5, 6, 7}
+    keys = {figure["key"] for figure in report["figures"]}
+    assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
+            "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_errors"} <= keys
+
+
+@pytest.mark.slow
+def test_revisiting_shapes_compiles_no_graph(smoke_report):
+    report, _, _ = smoke_report
+    revisits = next(f for f in report["figures"] if f["key"] == "revisit_graphs")
+    assert revisits["value"]["high"] == 0 and revisits["met"] is True
+    assert sum(revisits["detail"]["first_visit_graphs"].values()) > 0  # the first visits did compile
+    assert revisits["detail"]["dynamo_unique_graphs_delta"] == [0, 0]
+
+
+@pytest.mark.slow
+def test_served_requests_have_no_errors(smoke_report):
+    report, _, _ = smoke_report
+    errors = next(f for f in report["figures"] if f["key"] == "serving_errors")
+    assert errors["value"]["median"] == 0
+
+
+def test_unknown_section_is_refused_with_the_known_ones():
+    from acceldemo.cli import main
+
+    assert main(["bench", "--sections", "manager,warp"]) == 2
+
+
+def test_device_script_full_configs_are_the_4b_architecture():
+    import torch
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    sys.path.insert(0, str(DEVICE_SCRIPT.parent))
+    try:
+        import flux2_klein_cuda as script
+    finally:
+        sys.path.remove(str(DEVICE_SCRIPT.parent))
+    config = script.configs(dry_run=False)
+    with torch.device("meta"):
+        sizes = {name: sum(p.numel() for p in module.parameters()) for name, module in (
+            ("transformer", Flux2Transformer2DModel(**config["transformer"])),
+            ("text_encoder", Qwen3ForCausalLM(Qwen3Config(**config["text_encoder"]))),
+            ("vae", AutoencoderKLFlux2(**config["vae"])))}
+    assert 3.7e9 < sizes["transformer"] < 4.1e9  # "4B"
+    assert 3.9e9 < sizes["text_encoder"] < 4.2e9  # Qwen3-4B
+    assert sizes["vae"] < 0.2e9
+    assert config["transformer"]["joint_attention_dim"] == 3 * config["text_encoder"]["hidden_size"]
+
+
+def test_device_script_dry_run_measures_every_variant_on_cpu(tmp_path):
+    out = tmp_path / "dry.json"
+    done = _run([str(DEVICE_SCRIPT), "--dry-run", "--out", str(out)], 300)
+    report = json.loads(out.read_text())
+    assert report["dry_run"] is True
+    assert [r["variant"] for r in report["results"]] == ["eager", "compiled", "regional"]
+    by = {r["variant"]: r for r in report["results"]}
+    assert by["eager"]["graphs"] == 0 and by["compiled"]["graphs"] >= 1 and by["regional"]["graphs"] >= 1
+    assert all(r["warm_s"]["median"] > 0 for r in report["results"])
+    assert "0.57 s" in done.stdout and "0.72 s" in done.stdout
