@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -116,17 +115,6 @@ def test_image_has_the_requested_size_and_is_not_constant(pipelines, family: str
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
-def test_four_steps_at_64px_take_well_under_half_a_second(pipelines, family: str) -> None:
-    # 256 tokens: the shortest text length that still holds FLUX.2's system prompt.
-    timings = []
-    for _ in range(2):
-        started = time.perf_counter()
-        generate(pipelines[family], family, steps=4, max_sequence_length=256)
-        timings.append(time.perf_counter() - started)
-    assert min(timings) < 0.5
-
-
-@pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_same_seed_gives_the_same_image_and_the_prompt_matters(pipelines, family: str) -> None:
     pipeline = pipelines[family]
     first = generate(pipeline, family, output_type="np")
@@ -157,15 +145,12 @@ def test_building_leaves_the_global_rng_alone() -> None:
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
-def test_saved_model_loads_fast_and_reproduces_the_built_image(pipelines, model_root: Path, family: str) -> None:
+def test_saved_model_reloads_and_reproduces_the_built_image(pipelines, model_root: Path, family: str) -> None:
     folder = ensure_tiny_model(family, model_root)
     assert folder == model_root / f"tiny-{family}-v{TINY_BUILD_VERSION}"
     assert json.loads((folder / "model_index.json").read_text())["_class_name"] == PIPELINE_CLASSES[family]
     assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) < 5_000_000
-    load(folder, family)  # the first load also imports the model code
-    started = time.perf_counter()
     loaded = load(folder, family)
-    assert time.perf_counter() - started < 1.0
     # Not bit-identical: memory-mapped safetensors weights sit at other alignments, which
     # changes the summation order of CPU matmul kernels (differences around 1e-6).
     built = generate(pipelines[family], family, output_type="np")
