@@ -8,6 +8,8 @@ os.environ.setdefault("ACCELDEMO_CACHE_DIR", tempfile.mkdtemp(prefix="acceldemo-
 # marked `inductor` use the real backend.
 os.environ.setdefault("ACCELDEMO_CPU_COMPILE_BACKEND", "aot_eager")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# The machinery tests run on the random-weight tiny FLUX.2-klein; the trained default has tests of its own.
+os.environ.setdefault("ACCELDEMO_DEFAULT_MODEL", "tiny-flux2-klein")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402

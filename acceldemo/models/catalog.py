@@ -19,6 +19,7 @@ class ModelSpec:
     pipeline_class: str
     repo: str | None  # Hugging Face repo id; None for the embedded tiny models
     tiny_family: str | None = None  # the embedded builder that makes it (acceldemo.models.tiny)
+    bundled: bool = False  # weights committed with the project (acceldemo/models/shapes/weights)
     dtype: str = "bfloat16"
     steps: int = 4
     guidance: float = 0.0
@@ -63,6 +64,13 @@ _TINY = dict(dtype="float32", min_side=64, max_side=512, default_shape=Shape(64,
              component_bytes={"transformer": 2_000_000, "text_encoder": 2_000_000, "vae": 1_000_000})
 
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec(
+        name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
+        pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0,
+        tp_components=("transformer", "text_encoder"), attention_heads=4,
+        description="A FLUX.2-klein-family model trained here on 64x64 scenes: "
+                    "'a red circle on a blue background, top left'. See acceldemo/models/shapes/MODEL_CARD.md.",
+        **_TINY),
     ModelSpec(
         name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
@@ -112,7 +120,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
 )}
 
-DEFAULT_MODEL = os.environ.get("ACCELDEMO_DEFAULT_MODEL", "tiny-flux2-klein")
+DEFAULT_MODEL = os.environ.get("ACCELDEMO_DEFAULT_MODEL", "tiny-shapes")
 
 
 def get_model(name: str | None) -> ModelSpec:

@@ -11,6 +11,10 @@ from .catalog import ModelSpec
 
 def model_source(spec: ModelSpec, settings: Settings) -> str:
     """Where the weights are: a local folder, or a repo id that must already be in the HF cache."""
+    if spec.bundled:
+        from .shapes import trained_model_dir
+
+        return str(trained_model_dir())
     if spec.tiny_family:
         from .tiny import ensure_tiny_model
 
