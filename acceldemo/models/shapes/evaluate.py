@@ -55,21 +55,25 @@ def vae_round_trip(pipe: Flux2KleinPipeline, images: list[Image.Image]) -> list[
     return pipe.image_processor.postprocess(decoded, output_type="pil")
 
 
-def evaluate(model_dir: Path, steps: int, seeds: int) -> dict:
+def evaluate(model_dir: Path, steps: int, images_per_caption: int) -> dict:
     torch.set_num_threads(1)
     pipe = Flux2KleinPipeline.from_pretrained(model_dir)
     pipe.set_progress_bar_config(disable=True)
     scenes = held_out_scenes()
-    drawn_scenes = scenes * seeds
+    drawn_scenes = scenes * images_per_caption
     drawn = [render(scene, seed=10_000 + i) for i, scene in enumerate(drawn_scenes)]
 
     started = time.monotonic()
-    generated = [image for seed in range(seeds) for image in generate(pipe, scenes, seed=seed * len(scenes), steps=steps)]
+    generated = [
+        image
+        for round_ in range(images_per_caption)
+        for image in generate(pipe, scenes, seed=round_ * len(scenes), steps=steps)
+    ]
     seconds = time.monotonic() - started
     return {
         "model": str(model_dir),
         "held_out_captions": len(scenes),
-        "images_per_caption": seeds,
+        "images_per_caption": images_per_caption,
         "num_inference_steps": steps,
         "ground_truth": accuracy(drawn, drawn_scenes),
         "vae_round_trip": accuracy(vae_round_trip(pipe, drawn), drawn_scenes),
@@ -82,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a saved Flux2KleinPipeline folder")
     parser.add_argument("--steps", type=int, default=RECOMMENDED_STEPS, help="num_inference_steps")
-    parser.add_argument("--seeds", type=int, default=2, help="images per held-out caption")
+    parser.add_argument("--images-per-caption", type=int, default=2, help="images per held-out caption")
     parser.add_argument("--json", type=Path, help="where to write the figures (default: MODEL/evaluation.json)")
     args = parser.parse_args(argv)
-    report = evaluate(args.model, args.steps, args.seeds)
+    report = evaluate(args.model, args.steps, args.images_per_caption)
     text = json.dumps(report, indent=2)
     print(text)
     (args.json or args.model / "evaluation.json").write_text(text + "\n")
