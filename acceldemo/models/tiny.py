@@ -223,8 +223,8 @@ def _flux2_transformer(joint_attention_dim: int, guidance_embeds: bool) -> Flux2
     )
 
 
-def _flux2_scheduler() -> FlowMatchEulerDiscreteScheduler:
-    # FLUX.2's own scheduler config: the pipelines pass an image-size dependent mu.
+def flux2_scheduler() -> FlowMatchEulerDiscreteScheduler:
+    """FLUX.2's own scheduler config (shared by the trained shapes model): the pipelines pass an image-size dependent mu."""
     return FlowMatchEulerDiscreteScheduler(
         shift=3.0,
         use_dynamic_shifting=True,
@@ -241,7 +241,7 @@ def _build_flux2_klein() -> Flux2KleinPipeline:
     # 27 layers: the pipeline stacks hidden states 9, 18 and 27 by default.
     text_encoder = Qwen3ForCausalLM(_llm_text_config(Qwen3Config, tokenizer, num_layers=27))
     return Flux2KleinPipeline(
-        scheduler=_flux2_scheduler(),
+        scheduler=flux2_scheduler(),
         vae=AutoencoderKLFlux2(**_VAE_LAYOUT),
         text_encoder=text_encoder,
         tokenizer=tokenizer,
@@ -266,7 +266,7 @@ def _build_flux2() -> Flux2Pipeline:
         Mistral3Config(text_config=text_config, vision_config=vision_config, tie_word_embeddings=True)
     )
     return Flux2Pipeline(
-        scheduler=_flux2_scheduler(),
+        scheduler=flux2_scheduler(),
         vae=AutoencoderKLFlux2(**_VAE_LAYOUT),
         text_encoder=text_encoder,
         tokenizer=tokenizer,

@@ -6,10 +6,11 @@ multiples of 4 so tensor parallelism over 2 or 4 ranks divides them.
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
 from tokenizers import AddedToken, pre_tokenizers
 from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
+from ..tiny import flux2_scheduler
 from .dataset import COLOURS, POSITIONS, SHAPES
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -117,26 +118,12 @@ def build_transformer() -> Flux2Transformer2DModel:
     )
 
 
-def build_scheduler() -> FlowMatchEulerDiscreteScheduler:
-    """FLUX.2-klein's scheduler settings: the pipeline passes mu from the image size and step count."""
-    return FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-        time_shift_type="exponential",
-    )
-
-
 def build_pipeline(seed: int) -> Flux2KleinPipeline:
     """All components with fresh weights drawn from `seed`."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
     return Flux2KleinPipeline(
-        scheduler=build_scheduler(),
+        scheduler=flux2_scheduler(),
         vae=build_vae(),
         text_encoder=build_text_encoder(vocab_size=len(tokenizer)),
         tokenizer=tokenizer,
