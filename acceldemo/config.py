@@ -23,6 +23,12 @@ class Settings:
     model_dir: Path | None
     # Longest wait for a busy device before a request is answered "busy, retry".
     device_wait_s: float = 600.0
+    # Requests the Gradio queue holds waiting; one more is refused at once with "queue is full".
+    queue_size: int = 64
+    # Longest one worker-pool command (start, load, request) may take before the pool counts as hung and is stopped.
+    pool_timeout_s: float = 1800.0
+    # How long /ready waits for the start-up warm-up before the app serves anyway (the warm-up itself goes on).
+    warmup_timeout_s: float = 1800.0
 
     @staticmethod
     def from_env() -> "Settings":
@@ -35,6 +41,9 @@ class Settings:
             max_shapes_per_pipeline=_env_int("ACCELDEMO_MAX_SHAPES", 32),
             model_dir=Path(model_dir) if model_dir else None,
             device_wait_s=float(os.environ.get("ACCELDEMO_DEVICE_WAIT_S", 600)),
+            queue_size=_env_int("ACCELDEMO_QUEUE_SIZE", 64),
+            pool_timeout_s=float(os.environ.get("ACCELDEMO_POOL_TIMEOUT_S", 1800)),
+            warmup_timeout_s=float(os.environ.get("ACCELDEMO_WARMUP_TIMEOUT_S", 1800)),
         )
 
 

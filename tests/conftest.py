@@ -50,6 +50,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerUrl(str):
+    """The served app's base URL; `.pid` is its process, for tests that read its memory."""
+
+    pid: int
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The real app.py serving on a free loopback port, with start-up warm-up of one shape."""
@@ -64,7 +70,8 @@ def server(tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--warmup", "compiled:64x64"],
                                    cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    url = ServerUrl(f"http://127.0.0.1:{port}")
+    url.pid = process.pid
     deadline = time.time() + 120
     while True:
         try:

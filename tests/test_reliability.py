@@ -96,11 +96,25 @@ def test_page_asks_for_a_login_when_auth_is_set(fresh_manager):
         assert client.post("/login", data={"username": "ann", "password": "pw"}).status_code == 200
 
 
+# The served app's resident memory through the 16x4 load (tiny model, CPU, after the start-up compile): VmHWM
+# measured 590 MiB and +11 MiB from the first to the last quarter of requests (torch 2.13, Gradio 6.31). The
+# budgets leave room for other versions and machines, not for a copy of a pipeline or a leak per request.
+PEAK_RSS_BUDGET_MIB = 1536
+RSS_GROWTH_BUDGET_MIB = 128
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """A process's resident memory now (VmRSS) and its peak so far (VmHWM), from /proc, in MiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status") if line.startswith(("VmRSS", "VmHWM")))
+    return {name: int(value.split()[0]) / 1024 for name, value in fields.items()}
+
+
 @pytest.mark.slow
 def test_sixteen_clients_four_requests_each_get_their_own_results(server):
     from gradio_client import Client
 
     shapes = ["64x64", "128x64", "64x128", "96x96"]
+    rss_after_each = []  # (time, MiB) as requests complete
 
     def client_run(c):
         client = Client(server + "/", verbose=False)
@@ -115,6 +129,7 @@ def test_sixteen_clients_four_requests_each_get_their_own_results(server):
             except Exception as error:  # a full queue is a clear answer, not a failure
                 assert "queue is full" in str(error).lower(), error
                 got.append(("full", seed, None, resolution, None))
+            rss_after_each.append((time.monotonic(), memory_mib(server.pid)["VmRSS"]))
         return got
 
     started = time.time()
@@ -127,7 +142,14 @@ def test_sixteen_clients_four_requests_each_get_their_own_results(server):
     assert sum(r[0] == "ok" for r in results) >= 48
     status = json.loads(urllib.request.urlopen(server + "/status", timeout=10).read())
     assert status["queue_depth"] == 0
-    print(f"64 requests from 16 clients in {time.time() - started:.1f} s")
+    rss = [mib for _, mib in sorted(rss_after_each)]
+    first, last = np.mean(rss[:16]), np.mean(rss[-16:])
+    peak = memory_mib(server.pid)["VmHWM"]
+    print(f"64 requests from 16 clients in {time.time() - started:.1f} s; server peak RSS (VmHWM) {peak:.0f} MiB "
+          f"(budget {PEAK_RSS_BUDGET_MIB}); RSS first quarter {first:.0f} MiB, last quarter {last:.0f} MiB "
+          f"({last - first:+.0f} MiB)")
+    assert peak < PEAK_RSS_BUDGET_MIB
+    assert last - first < RSS_GROWTH_BUDGET_MIB
 
 
 def test_out_of_memory_while_loading_evicts_idle_pipelines_and_retries_once(fresh_manager):
@@ -184,3 +206,92 @@ def test_no_model_is_ever_loaded_with_remote_code():
 
     sources = pathlib.Path(ROOT, "acceldemo").rglob("*.py")
     assert not [p for p in sources if "trust_remote_code=True" in p.read_text()]
+
+
+def test_every_wait_limit_is_an_operator_setting_with_a_default(monkeypatch):
+    from acceldemo.config import Settings
+    from acceldemo.executors.pool import PoolExecutor
+    from acceldemo.executors.worker import pool_timeout_s
+
+    limits = {"ACCELDEMO_QUEUE_SIZE": ("queue_size", 64), "ACCELDEMO_DEVICE_WAIT_S": ("device_wait_s", 600),
+              "ACCELDEMO_POOL_TIMEOUT_S": ("pool_timeout_s", 1800),
+              "ACCELDEMO_WARMUP_TIMEOUT_S": ("warmup_timeout_s", 1800)}
+    for variable in limits:
+        monkeypatch.delenv(variable, raising=False)
+    assert {field: getattr(Settings.from_env(), field) for field, _ in limits.values()} == dict(limits.values())
+    for i, variable in enumerate(limits, 1):
+        monkeypatch.setenv(variable, str(i))
+    settings = Settings.from_env()
+    assert [getattr(settings, field) for field, _ in limits.values()] == [1, 2, 3, 4]
+    assert PoolExecutor(settings).timeout_s == 3 and pool_timeout_s() == 3  # the app's side and the ranks' side
+
+
+def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_manager):
+    from acceldemo.records import Shape
+    from acceldemo.ui.server import create_app
+
+    m = fresh_manager(warmup_timeout_s=2)
+    release, real_warm_up = threading.Event(), m.warm_up
+
+    def hung_warm_up(base, shapes):  # a compile that takes far longer than the limit
+        release.wait(60)
+        return real_warm_up(base, shapes)
+
+    m.warm_up = hung_warm_up
+
+    def ready_when(predicate):
+        deadline = time.monotonic() + 60
+        while not predicate(answer := client.get("/ready")):
+            assert time.monotonic() < deadline, answer.json()
+            time.sleep(0.1)
+        return answer.json()
+
+    with TestClient(create_app(m, warmup=("eager", [Shape(64, 64)]))) as client:
+        assert client.get("/ready").status_code == 503
+        waited = ready_when(lambda answer: answer.status_code == 200)
+        assert waited == {"ready": True, "warmup": "warming 64x64 (eager); still going after 2 s "
+                                                   "(ACCELDEMO_WARMUP_TIMEOUT_S): serving meanwhile, "
+                                                   "requests for that device wait for it"}
+        release.set()
+        done = ready_when(lambda answer: answer.json()["warmup"].startswith("done"))
+        assert done == {"ready": True, "warmup": "done: 64x64 ready"}
+
+
+@pytest.mark.slow
+def test_a_full_queue_refuses_at_once_with_queue_is_full_and_the_app_serves_on(monkeypatch):
+    from gradio_client import Client
+    from gradio_client.utils import QueueError
+
+    from acceldemo.bench.serving import AppServer
+
+    monkeypatch.setenv("ACCELDEMO_QUEUE_SIZE", "2")
+    app = AppServer(warmup="eager:64x64")
+    try:
+        url = app.ready() + "/"
+        asking = 8  # one running + 2 waiting fit; the rest arrive while the first still runs (100 steps)
+        clients = [Client(url, verbose=False) for _ in range(asking)]
+        start = threading.Barrier(asking)
+
+        def ask(i):
+            start.wait()
+            asked = time.monotonic()
+            try:
+                _, _, facts = clients[i].predict("a slow one", "tiny-flux2-klein", "cpu", "eager", "auto", 2,
+                                                 "256x256", 100, 1.0, i, api_name="/generate")
+                return "done", facts["seed"] == i, time.monotonic() - asked
+            except QueueError as error:
+                return "refused", str(error), time.monotonic() - asked
+
+        with ThreadPoolExecutor(asking) as pool:
+            outcomes = list(pool.map(ask, range(asking)))
+        done = [(own_seed, s) for kind, own_seed, s in outcomes if kind == "done"]
+        refused = [(text, s) for kind, text, s in outcomes if kind == "refused"]
+        assert done and all(own_seed for own_seed, _ in done)
+        assert refused and {text for text, _ in refused} == {"Queue is full! Please try again."}, outcomes
+        assert max(s for _, s in refused) < min(s for _, s in done)  # refused at once, not after a wait
+        _, _, facts = clients[0].predict("after the rush", "tiny-flux2-klein", "cpu", "eager", "auto", 2, "64x64",
+                                         2, 1.0, 7, api_name="/generate")
+        assert facts["seed"] == 7
+        print(f"queue of 2: {len(done)} of {asking} simultaneous requests served, {len(refused)} refused")
+    finally:
+        app.close()

@@ -33,7 +33,7 @@ from ..hardware import Hardware, get_hardware
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
 from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
-from .worker import ENV_APP_PID, ENV_AUTHKEY, ENV_TIMEOUT, Command, RankInfo, pool_timeout_s
+from .worker import ENV_APP_PID, ENV_AUTHKEY, ENV_TIMEOUT, Command, RankInfo
 
 log = logging.getLogger("acceldemo.pool")
 
@@ -299,7 +299,7 @@ class PoolExecutor:
 
     def __init__(self, settings: Settings, timeout_s: float | None = None):
         self.settings = settings
-        self.timeout_s = timeout_s or pool_timeout_s()
+        self.timeout_s = timeout_s or settings.pool_timeout_s
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
 

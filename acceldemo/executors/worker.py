@@ -30,7 +30,6 @@ from ..records import Progress, RunOutput, no_progress
 ENV_AUTHKEY = "ACCELDEMO_POOL_AUTHKEY"
 ENV_APP_PID = "ACCELDEMO_POOL_APP_PID"
 ENV_TIMEOUT = "ACCELDEMO_POOL_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 1800.0
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
 HEARTBEAT_S = 10.0
@@ -63,8 +62,10 @@ class RankInfo:
 
 
 def pool_timeout_s() -> float:
-    """Seconds one command (start, load, run) may take before the pool counts as hung."""
-    return float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
+    """Seconds one command (start, load, run) may take before the pool counts as hung (Settings.pool_timeout_s)."""
+    from ..config import Settings
+
+    return Settings.from_env().pool_timeout_s
 
 
 def portable_error(error: BaseException) -> BaseException:

@@ -20,7 +20,6 @@ from .metrics import Metrics
 from .page import build_page, status_json
 
 log = logging.getLogger("acceldemo.server")
-QUEUE_SIZE = int(os.environ.get("ACCELDEMO_QUEUE_SIZE", "64"))
 
 
 def parse_warmup(spec: str | None) -> tuple[str, list] | None:
@@ -31,16 +30,28 @@ def parse_warmup(spec: str | None) -> tuple[str, list] | None:
     return mode, [parse_resolution(s) for s in sizes.split(",") if s.strip()]
 
 
-def _warm_up_at_start(manager: SessionManager, warmup: tuple[str, list], startup: dict, model: str | None) -> None:
+def _warm_up_at_start(manager: SessionManager, warmup: tuple[str, list], startup: dict, model: str | None,
+                      lock: threading.Lock) -> None:
     mode, shapes = warmup
-    startup["state"] = f"warming {', '.join(map(str, shapes))} ({mode})"
     try:
         base = check_request(GenerateRequest(prompt="warm-up", model=model, mode=mode))
         records = manager.warm_up(base, shapes)
-        startup["state"] = "done: " + ", ".join(f"{r.shape} {r.state}" for r in records)
+        outcome = "done: " + ", ".join(f"{r.shape} {r.state}" for r in records)
     except AcceldemoError as error:
-        startup["state"] = f"failed: {error}"
-    startup["done"] = True
+        outcome = f"failed: {error}"
+    with lock:  # the real outcome replaces a "still going" note written when /ready stopped waiting
+        startup["state"], startup["done"] = outcome, True
+
+
+def _stop_waiting_for_warm_up(startup: dict, limit: float, lock: threading.Lock) -> None:
+    with lock:
+        if startup.get("done"):
+            return
+        # A compile in this process cannot be interrupted (a thread cannot be killed), so the app stops waiting
+        # instead: it serves, and requests for the warming device queue behind it (ACCELDEMO_DEVICE_WAIT_S).
+        startup["state"] += (f"; still going after {limit:.0f} s (ACCELDEMO_WARMUP_TIMEOUT_S): serving meanwhile, "
+                             "requests for that device wait for it")
+        startup["done"] = True
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -67,7 +78,8 @@ def bearer_guard(token: str | None):
 
 def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, model: str | None = None,
                auth: tuple[str, str] | None = None, api_token: str | None = None) -> FastAPI:
-    """The whole HTTP surface; start-up warm-up runs in the background and /ready tells when it is done.
+    """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
+    (or has run past `warmup_timeout_s`).
 
     `auth` protects the page and the Gradio API; `api_token` protects /status and /metrics.
     /health and /ready stay open for load balancers.
@@ -78,10 +90,19 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        watchdog = None
         if warmup:
-            threading.Thread(target=_warm_up_at_start, args=(manager, warmup, startup, model), daemon=True,
+            mode, shapes = warmup
+            startup["state"] = f"warming {', '.join(map(str, shapes))} ({mode})"
+            lock, limit = threading.Lock(), manager.settings.warmup_timeout_s
+            threading.Thread(target=_warm_up_at_start, args=(manager, warmup, startup, model, lock), daemon=True,
                              name="startup-warmup").start()
+            watchdog = threading.Timer(limit, _stop_waiting_for_warm_up, args=(startup, limit, lock))
+            watchdog.daemon = True
+            watchdog.start()
         yield
+        if watchdog is not None:
+            watchdog.cancel()
         manager.close()
 
     app = FastAPI(lifespan=lifespan)
@@ -105,7 +126,8 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     page = build_page(manager, metrics, startup)
-    page.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    # Past max_size Gradio refuses a new job at once (HTTP 503); gradio_client raises "Queue is full! Please try again."
+    page.queue(max_size=manager.settings.queue_size, default_concurrency_limit=1)
     return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth)
 
 
