@@ -13,6 +13,13 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def _env_choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default)
+    if value not in accepted:
+        raise ValueError(f"{name}={value!r}: accepted values are {', '.join(accepted)}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What an operator can set; every field has an ACCELDEMO_* variable."""
@@ -21,6 +28,9 @@ class Settings:
     max_resident_pipelines: int
     max_shapes_per_pipeline: int
     model_dir: Path | None
+    # "auto": mode compiled on CPU/CUDA builds AOTInductor packages per shape and reuses them after restarts;
+    # "off": plain torch.compile with inductor's own caches.
+    precompile: str = "auto"
     # Longest wait for a busy device before a request is answered "busy, retry".
     device_wait_s: float = 600.0
     # Requests the Gradio queue holds waiting; one more is refused at once with "queue is full".
@@ -40,6 +50,7 @@ class Settings:
             max_resident_pipelines=_env_int("ACCELDEMO_MAX_RESIDENT", 3),
             max_shapes_per_pipeline=_env_int("ACCELDEMO_MAX_SHAPES", 32),
             model_dir=Path(model_dir) if model_dir else None,
+            precompile=_env_choice("ACCELDEMO_PRECOMPILE", "auto", ("auto", "off")),
             device_wait_s=float(os.environ.get("ACCELDEMO_DEVICE_WAIT_S", 600)),
             queue_size=_env_int("ACCELDEMO_QUEUE_SIZE", 64),
             pool_timeout_s=float(os.environ.get("ACCELDEMO_POOL_TIMEOUT_S", 1800)),

@@ -67,14 +67,48 @@ def test_a_bad_request_is_one_clear_line_and_exit_2():
     assert done.returncode == 2 and "torch_neuronx is not installed" in done.stderr
 
 
+def _pixels(path):
+    import numpy as np
+
+    return np.asarray(Image.open(path), dtype=np.int16)
+
+
 @pytest.mark.slow
 @pytest.mark.inductor
-def test_inductor_graphs_compile_once_and_a_restart_reuses_the_cache(tmp_path):
+def test_inductor_packages_compile_once_and_a_restart_loads_them(tmp_path):
     env = {"ACCELDEMO_CPU_COMPILE_BACKEND": "inductor", "ACCELDEMO_CACHE_DIR": str(tmp_path / "cache"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor")}
+    args = ["generate", "--prompt", "a red circle", "--json", "--mode", "compiled"]
+    rows = json_lines(cli(*args, "--out", str(tmp_path / "first"), "--size", "64x64", "--size", "128x64",
+                          "--size", "64x64", env=env))
+    assert [(r["new_graphs"], r["compile_cache_hits"], r["warm"]) for r in rows] == \
+        [(1, 0, False), (1, 0, False), (0, 0, True)]
+    packages = sorted((tmp_path / "cache" / "aoti" / "tiny-flux2-klein" / "cpu").glob("*.pt2"))
+    assert len(packages) == 2
+    about = json.loads(packages[0].with_suffix(".json").read_text())
+    assert about["model"] == "tiny-flux2-klein" and about["toolchain"].startswith("torch 2.13")
+
+    restarted = json_lines(cli(*args, "--out", str(tmp_path / "again"), "--size", "64x64", env=env))[0]
+    # Loaded, not compiled: no graph, one persistent artifact reused, and the very same image.
+    assert (restarted["new_graphs"], restarted["compile_cache_hits"], restarted["compile_seconds"]) == (0, 1, 0)
+    assert (_pixels(restarted["path"]) == _pixels(rows[0]["path"])).all()
+
+    for package in packages:  # cut short, as by a crash mid-copy: rebuilt, never a failed request
+        package.write_bytes(package.read_bytes()[:1000])
+    done = cli(*args, "--out", str(tmp_path / "mended"), "--size", "64x64", env=env)
+    mended = json_lines(done)[0]
+    assert "unusable" in done.stderr and (mended["new_graphs"], mended["compile_cache_hits"]) == (1, 0)
+    assert (_pixels(mended["path"]) == _pixels(rows[0]["path"])).all()
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_with_precompile_off_a_restart_reuses_inductors_own_cache(tmp_path):
+    env = {"ACCELDEMO_CPU_COMPILE_BACKEND": "inductor", "ACCELDEMO_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor"), "ACCELDEMO_PRECOMPILE": "off"}
     args = ["generate", "--prompt", "a red circle", "--json", "--mode", "compiled", "--out", str(tmp_path)]
-    rows = json_lines(cli(*args, "--size", "64x64", "--size", "128x64", "--size", "64x64", env=env))
-    assert [r["new_graphs"] > 0 for r in rows] == [True, True, False]
-    assert rows[0]["compile_cache_hits"] == 0
-    restarted = json_lines(cli(*args, "--size", "64x64", env=env))
-    assert restarted[0]["new_graphs"] > 0 and restarted[0]["compile_cache_hits"] > 0
+    first = json_lines(cli(*args, "--size", "64x64", env=env))[0]
+    assert first["new_graphs"] > 0 and first["compile_cache_hits"] == 0
+    restarted = json_lines(cli(*args, "--size", "64x64", env=env))[0]
+    assert restarted["new_graphs"] > 0 and restarted["compile_cache_hits"] > 0
+    assert not (tmp_path / "cache" / "aoti").exists()

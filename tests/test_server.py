@@ -83,5 +83,5 @@ def test_service_routes(client, server):
     assert code == 200
     for name in ("acceldemo_requests_total", "acceldemo_phase_seconds_bucket", "acceldemo_compiled_graphs_total",
                  "acceldemo_compile_seconds_total", "acceldemo_shape_cache_hits_total", "acceldemo_queue_depth",
-                 "acceldemo_resident_pipelines"):
+                 "acceldemo_resident_pipelines", 'acceldemo_precompiled_packages{event="loaded"}'):
         assert name in metrics, name

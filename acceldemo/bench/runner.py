@@ -65,7 +65,7 @@ PLANS = {
                   notes=("--quick: the in-process compiled sections (1, 4, 5, 6) use the aot_eager backend, which "
                          "traces like inductor but runs at eager speed: compile seconds and graph counts are "
                          "real, compiled-vs-eager latencies are not; the full run uses inductor. Restart (3) "
-                         "uses inductor, one cold start and one restart. Revisits (6) use 12 shapes over 4 "
+                         "uses inductor (AOTInductor packages), one cold start and one restart. Revisits (6) use 12 shapes over 4 "
                          "graphs (the full run: 12 graphs). Serving (7) runs eager.",)),
     "smoke": Plan("smoke", "eager", overhead_pairs=3, shapes=_shapes("64x64"), latency_runs=2,
                   revisit_shapes=_shapes("64x64", "64x128", "128x64"), compile_runs=1, warm_runs=2,
@@ -342,8 +342,13 @@ def restart(bench: InProcessBench) -> list[Figure]:
 
     models = bench.manager.settings.cache_dir / "models"
     plan = bench.plan
-    return measure_restart(models, MODEL, bench.options.hardware, RESTART_MODE, plan.restart_backend, "64x64",
-                           plan.cold_runs, plan.restart_runs, log=log)
+    figures = []
+    # The product's restart path (AOTInductor packages), then, in the full run, inductor's caches alone beside it.
+    for precompile in ("auto", "off") if plan.name == "full" else ("auto",):
+        log(f"restart with ACCELDEMO_PRECOMPILE={precompile}")
+        figures += measure_restart(models, MODEL, bench.options.hardware, RESTART_MODE, plan.restart_backend,
+                                   "64x64", plan.cold_runs, plan.restart_runs, precompile, log=log)
+    return figures
 
 
 # Run order: the in-process manager sections first (they share compiled graphs), then the ones that reset

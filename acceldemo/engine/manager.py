@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config import Settings
 from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed
+from ..executors.artifacts import ArtifactStore
 from ..executors.base import Executor, LoadedPipeline
 from ..executors.recipe import size_recompile_limit
 from ..models.catalog import get_model
@@ -111,6 +112,10 @@ class SessionManager:
         with self._lock:
             return [PipelineStatus(e.key, e.loaded is not None, e.busy, e.load_seconds,
                                    tuple(replace(s) for s in e.shapes.values())) for e in self._entries.values()]
+
+    def precompiled(self) -> dict:
+        """The AOTInductor package store behind mode compiled on CPU/CUDA: packages, builds, loads, hit rate."""
+        return {"setting": self.settings.precompile, **ArtifactStore.of(self.settings).summary()}
 
     def queue_depth(self, hardware: str | None = None) -> int:
         """Jobs waiting for a device (one hardware, or all)."""

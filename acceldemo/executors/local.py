@@ -10,7 +10,8 @@ from ..hardware import get_hardware
 from ..models.catalog import ModelSpec
 from ..models.loading import load_pipeline
 from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
-from .recipe import apply_recipe, run_pipeline
+from .artifacts import ArtifactStore
+from .recipe import apply_recipe, precompiles, run_pipeline
 
 log = logging.getLogger("acceldemo.executor")
 
@@ -48,6 +49,8 @@ class LocalExecutor:
         pipe.set_progress_bar_config(disable=True)
         on_progress(Progress("load", f"placing on {hardware.name} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
-        apply_recipe(pipe, hardware, key.mode, key.placement)
+        store = ArtifactStore.of(self.settings) \
+            if precompiles(self.settings, hardware, key.mode, key.placement) else None
+        apply_recipe(pipe, hardware, key.mode, key.placement, store, spec.name)
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
         return LocalPipeline(key, spec, pipe)

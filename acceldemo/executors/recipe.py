@@ -8,6 +8,8 @@ from ..config import Settings
 from ..hardware import Hardware
 from ..models.catalog import ModelSpec
 from ..records import GenerateRequest, Progress, ProgressCallback, RunOutput
+from . import artifacts
+from .artifacts import ArtifactStore, PrecompiledTransformer
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (FACTS.md).
 GRAPHS_PER_SHAPE = 4
@@ -23,13 +25,26 @@ def size_recompile_limit(settings: Settings) -> None:
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * wanted)
 
 
-def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str) -> None:
-    """Place the pipeline and compile its transformer exactly as the brief's recipes do."""
+def precompiles(settings: Settings, hardware: Hardware, mode: str, placement: str) -> bool:
+    """Whether mode compiled is served from saved AOTInductor packages rather than `transformer.compile`."""
+    return (settings.precompile == "auto" and mode == "compiled" and placement == "device"
+            and hardware.aot_artifacts and hardware.compile_backend == "inductor")
+
+
+def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str, precompiled: ArtifactStore | None = None,
+                 model: str = "") -> None:
+    """Place the pipeline and compile its transformer exactly as the brief's recipes do.
+
+    With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
+    of time, one package per shape (see `artifacts`).
+    """
     if placement == "offload":
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
         pipe.to(hardware.device)
-    if mode == "compiled":
+    if mode == "compiled" and precompiled is not None:
+        PrecompiledTransformer.install(pipe, precompiled, model, hardware)
+    elif mode == "compiled":
         pipe.transformer.compile(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
     elif mode == "regional":
         pipe.transformer.compile_repeated_blocks(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
@@ -48,8 +63,11 @@ class _CompileMeter:
         from torch._dynamo.utils import compilation_time_metrics, counters
 
         # Inductor's FX-graph cache and AOTAutograd's cache: hits mean a persistent artifact was reused.
-        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
-        return (counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ())),
+        # An AOTInductor package built is one whole graph; one loaded from disk is a persistent artifact reused.
+        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"] \
+            + artifacts.counters["loaded"]
+        return (counters["stats"]["unique_graphs"] + artifacts.counters["built"],
+                sum(compilation_time_metrics.get("_compile.compile_inner", ())) + artifacts.counters["build_seconds"],
                 hits)
 
     def __enter__(self) -> "_CompileMeter":
@@ -83,7 +101,12 @@ def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateReq
             on_progress(Progress("decode", "decoding the image", elapsed=step_ends[-1] - started))
         return tensors
 
-    if expect_compile:
+    precompiled = pipe.transformer.forward if isinstance(pipe.transformer.forward, PrecompiledTransformer) else None
+    if precompiled is not None:  # it knows whether a shape's package is built now or loaded from disk
+        precompiled.label = f"{request.width}x{request.height}"
+        precompiled.notify = lambda phase, text: on_progress(Progress(phase, text, elapsed=time.perf_counter()
+                                                                      - started))
+    elif expect_compile:
         on_progress(Progress("compile", f"compiling {request.width}x{request.height} (first time for this shape)"))
     kwargs = dict(
         prompt=request.prompt, height=int(request.height), width=int(request.width), num_inference_steps=steps,

@@ -38,6 +38,8 @@ class Hardware:
     mesh_device_type: ClassVar[str]
     # Environment variable -> sub-folder of the app cache dir holding this hardware's compiled artifacts.
     cache_env: ClassVar[Mapping[str, str]] = {}
+    # Whether mode "compiled" can be served from saved AOTInductor packages (see executors/artifacts.py).
+    aot_artifacts: ClassVar[bool] = False
     # The out-of-tree PyTorch backend package, when the device is not built into torch.
     package: ClassVar[str | None] = None
     # Used when the probe cannot read device memory; overridable with ACCELDEMO_<NAME>_MEMORY_GB.

@@ -11,6 +11,7 @@ class CpuHardware(Hardware):
     device = "cpu"
     # Tests and quick demos may pick a lighter backend (e.g. aot_eager); inductor is the real one.
     compile_backend = os.environ.get("ACCELDEMO_CPU_COMPILE_BACKEND", "inductor")
+    aot_artifacts = True
     dist_backend = "gloo"
     mesh_device_type = "cpu"
     cache_env = {"TORCHINDUCTOR_CACHE_DIR": "inductor"}

@@ -8,6 +8,7 @@ class CudaHardware(Hardware):
     name = "cuda"
     device = "cuda"
     compile_backend = "inductor"
+    aot_artifacts = True
     dist_backend = "nccl"
     mesh_device_type = "cuda"
     cache_env = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}

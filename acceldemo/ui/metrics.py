@@ -29,6 +29,11 @@ class Metrics:
             .set_function(manager.queue_depth)
         Gauge("acceldemo_resident_pipelines", "Pipelines resident in memory", registry=self.registry) \
             .set_function(lambda: sum(p.resident for p in manager.status()))
+        # Precompiled (AOTInductor) packages this process built or loaded from the persistent cache instead.
+        packages = Gauge("acceldemo_precompiled_packages", "AOTInductor packages by event since start", ("event",),
+                         registry=self.registry)
+        for event in ("built", "loaded", "rejected"):
+            packages.labels(event).set_function(lambda event=event: manager.precompiled()[event])
 
     def observe(self, result: GenerateResult) -> None:
         k = result.key

@@ -1,0 +1,169 @@
+"""Precompiled transformers: AOTInductor packages saved per (model, inputs, hardware, toolchain), reused after restarts.
+
+Inductor's own caches still leave a restart re-tracing the transformer with dynamo. An AOTInductor package is
+the whole compiled transformer for one set of input shapes: loading it is a `dlopen`, no tracing, no codegen
+(this is how Hugging Face's ZeroGPU "AoTI" Spaces start fast). Packages hold no weights
+(`aot_inductor.package_constants_in_so=False`): every shape's package runs on the live module's parameters,
+so a pipeline with twelve shapes holds its weights once.
+
+Used for mode "compiled" on hardware with `Hardware.aot_artifacts` (inductor on CPU and CUDA) unless
+ACCELDEMO_PRECOMPILE=off; Neuron and TPU keep their own persistent caches (NEFF, TPU tier-3).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("acceldemo.artifacts")
+
+# This process's totals, read like dynamo's counters: "built", "loaded", "rejected", "build_seconds".
+counters: Counter = Counter()
+
+
+def toolchain(hardware) -> str:
+    """What a package's machine code depends on besides the model: torch, the CPU's ISA or the GPU's arch."""
+    import torch
+
+    parts = [f"torch {torch.__version__}", f"cpu {torch.backends.cpu.get_cpu_capability()}"]
+    if hardware.device == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        parts.append(f"cuda {torch.version.cuda} sm_{major}{minor}")
+    return ", ".join(parts)
+
+
+class ArtifactStore:
+    """One folder of packages; each written atomically beside a JSON file saying what it is."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @classmethod
+    def of(cls, settings) -> "ArtifactStore":
+        """The app's store, in its persistent cache dir."""
+        return cls(settings.cache_dir / "aoti")
+
+    def path(self, model: str, hardware: str, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        return self.root / model / hardware / f"{digest}.pt2"
+
+    def save(self, path: Path, build: Callable[[str], object], about: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+        try:
+            build(str(partial))
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        path.with_suffix(".json").write_text(json.dumps(about, indent=1, sort_keys=True))
+
+    def summary(self) -> dict:
+        """Packages on disk and this process's builds and loads (loaded ÷ (loaded + built): the restart hit rate)."""
+        files = list(self.root.glob("*/*/*.pt2")) if self.root.is_dir() else []
+        reused, built = counters["loaded"], counters["built"]
+        return {"folder": str(self.root), "packages": len(files),
+                "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1),
+                "built": built, "loaded": reused, "rejected": counters["rejected"],
+                "hit_rate": round(reused / (reused + built), 3) if reused + built else None}
+
+
+def _empty_dict(value) -> bool:
+    return isinstance(value, dict) and not value
+
+
+def _signature(inputs: dict) -> list:
+    """The inputs a package is compiled for: every tensor's shape, dtype and device, every other value."""
+    import torch
+
+    return [[name, [list(value.shape), str(value.dtype), str(value.device)] if torch.is_tensor(value)
+             else repr(value)] for name, value in sorted(inputs.items())]
+
+
+class PrecompiledTransformer:
+    """Stands in for `transformer.forward`: one AOTInductor package per input signature, built once, saved."""
+
+    def __init__(self, transformer, store: ArtifactStore, model: str, hardware):
+        self.transformer, self.store, self.model, self.hardware = transformer, store, model, hardware
+        self.parameters = inspect.signature(type(transformer).forward).parameters
+        config = json.dumps(dict(transformer.config), sort_keys=True, default=str)
+        self.scope = {"model": model, "class": type(transformer).__name__, "hardware": hardware.name,
+                      "toolchain": toolchain(hardware), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
+        self.runners: dict[str, Callable] = {}
+        # Set by the caller around one pipeline call: what the shape is called, and where phase changes go.
+        self.label, self.notify = "", lambda phase, text: None
+
+    @classmethod
+    def install(cls, pipe, store: ArtifactStore, model: str, hardware) -> "PrecompiledTransformer":
+        precompiled = cls(pipe.transformer, store, model, hardware)
+        pipe.transformer.forward = precompiled
+        return precompiled
+
+    def __call__(self, *args, **kwargs):
+        inputs = {name: value for name, value in zip(list(self.parameters)[1:], args)} | kwargs
+        # None and {} (FluxPipeline's joint_attention_kwargs) are what a package is traced without.
+        inputs = {name: value for name, value in inputs.items() if value is not None and not _empty_dict(value)}
+        if any(isinstance(value, dict) for value in inputs.values()):  # e.g. LoRA scales: not part of a package
+            log.warning("%s called with %s: run eagerly", self.model, sorted(inputs))
+            return self._eager(**inputs)
+        key = json.dumps(_signature(inputs))
+        runner = self.runners.get(key) or self._runner(key, inputs)
+        return runner(**inputs)
+
+    def _eager(self, **inputs):
+        return type(self.transformer).forward(self.transformer, **inputs)
+
+    def _runner(self, key: str, inputs: dict) -> Callable:
+        path = self.store.path(self.model, self.hardware.name, {**self.scope, "inputs": key})
+        runner = self._load(path) if path.exists() else None
+        if runner is None:
+            runner = self._build(path, inputs)
+        self.runners[key] = runner
+        return runner
+
+    def _load(self, path: Path) -> Callable | None:
+        import torch
+
+        self.notify("load", f"loading the precompiled transformer for {self.label} ({path.name})")
+        started = time.perf_counter()
+        try:
+            runner = torch._inductor.aoti_load_package(str(path))
+            runner.load_constants(self._weights(), check_full_update=True, user_managed=True)
+        except Exception as error:  # truncated by a crash, or built by another toolchain: build it again
+            log.warning("precompiled package %s unusable (%s: %s); rebuilding", path, type(error).__name__, error)
+            counters["rejected"] += 1
+            path.unlink(missing_ok=True)
+            return None
+        counters["loaded"] += 1
+        log.info("loaded %s for %s in %.2f s", path.name, self.label, time.perf_counter() - started)
+        return runner
+
+    def _build(self, path: Path, inputs: dict) -> Callable:
+        import torch
+
+        self.notify("compile", f"compiling {self.label} ahead of time with AOTInductor (first time for this "
+                               "shape; saved for restarts)")
+        started = time.perf_counter()
+        del self.transformer.forward  # export traces the class's own forward, not this stand-in
+        try:
+            program = torch.export.export(self.transformer, (), inputs, strict=False)
+        finally:
+            self.transformer.forward = self
+        self.store.save(path, lambda target: torch._inductor.aoti_compile_and_package(
+            program, package_path=target, inductor_configs={"aot_inductor.package_constants_in_so": False}),
+            {**self.scope, "inputs": json.loads(json.dumps(_signature(inputs))), "shape": self.label})
+        runner = torch._inductor.aoti_load_package(str(path))
+        runner.load_constants(self._weights(), check_full_update=True, user_managed=True)
+        seconds = time.perf_counter() - started
+        counters["built"] += 1
+        counters["build_seconds"] += seconds
+        log.info("built %s for %s in %.1f s", path.name, self.label, seconds)
+        return runner
+
+    def _weights(self) -> dict:
+        return dict(self.transformer.named_parameters()) | dict(self.transformer.named_buffers())

@@ -1,0 +1,87 @@
+"""The store of precompiled (AOTInductor) packages: keys, atomic writes, the hit rate it reports.
+
+Building and loading real packages is tested end to end in test_cli.py (restart) and here on FLUX.1, whose
+pipeline passes an empty joint_attention_kwargs dict that a package must be traced without.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from acceldemo.executors import artifacts
+from acceldemo.executors.artifacts import ArtifactStore
+
+
+def test_a_package_path_depends_on_every_part_of_its_key(tmp_path):
+    store = ArtifactStore(tmp_path)
+    key = {"model": "m", "toolchain": "torch 2.13.0+cpu, cpu AVX2", "inputs": "[[64, 32]]"}
+    paths = {store.path("m", "cpu", key), store.path("m", "cpu", {**key, "toolchain": "torch 2.14.0"}),
+             store.path("m", "cpu", {**key, "inputs": "[[128, 32]]"}), store.path("m", "cuda", key)}
+    assert len(paths) == 4 and store.path("m", "cpu", dict(reversed(key.items()))) in paths
+    assert all(p.suffix == ".pt2" and p.is_relative_to(tmp_path) for p in paths)
+
+
+def test_a_failed_build_leaves_no_package_behind(tmp_path):
+    store = ArtifactStore(tmp_path)
+    target = store.path("m", "cpu", {"inputs": "x"})
+
+    def crashing_build(partial: str):
+        open(partial, "wb").write(b"half a package")
+        raise RuntimeError("compiler died")
+
+    with pytest.raises(RuntimeError, match="compiler died"):
+        store.save(target, crashing_build, {"model": "m"})
+    assert list(tmp_path.rglob("*")) == [target.parent.parent, target.parent]
+
+    store.save(target, lambda partial: open(partial, "wb").write(b"package"), {"model": "m", "shape": "64x64"})
+    assert target.read_bytes() == b"package" and json.loads(target.with_suffix(".json").read_text())["shape"] == \
+        "64x64"
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, target.with_suffix(".json").name])
+
+
+def test_summary_counts_packages_and_the_hit_rate(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path)
+    assert store.summary()["packages"] == 0
+    store.save(store.path("m", "cpu", {"i": 1}), lambda p: open(p, "wb").write(b"x" * 2**20), {})
+    monkeypatch.setattr(artifacts, "counters", artifacts.Counter(built=1, loaded=3))
+    summary = store.summary()
+    assert (summary["packages"], summary["megabytes"], summary["built"], summary["loaded"], summary["hit_rate"]) == \
+        (1, 1.0, 1, 3, 0.75)
+
+
+def test_the_manager_reports_the_store(fresh_manager):
+    m = fresh_manager(precompile="off")
+    assert m.precompiled()["setting"] == "off" and m.precompiled()["folder"].endswith("aoti")
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_it(tmp_path):
+    import torch
+
+    from acceldemo.config import Settings
+    from acceldemo.executors.recipe import apply_recipe
+    from acceldemo.hardware import get_hardware
+    from acceldemo.models.catalog import CATALOG
+    from acceldemo.models.loading import load_pipeline
+
+    spec, cpu, store = CATALOG["tiny-flux1"], get_hardware("cpu"), ArtifactStore(tmp_path)
+
+    def pipeline_and_call():
+        pipe = load_pipeline(spec, Settings.from_env())
+        pipe.set_progress_bar_config(disable=True)
+        return pipe, lambda: pipe(prompt="a red circle", height=64, width=80, num_inference_steps=2,
+                                  max_sequence_length=spec.max_sequence_length, output_type="np",
+                                  generator=torch.Generator("cpu").manual_seed(3)).images
+
+    pipe, call = pipeline_and_call()
+    eager = call()
+    before = dict(artifacts.counters)
+    apply_recipe(pipe, cpu, "compiled", "device", store, spec.name)
+    assert np.abs(call() - eager).max() < 1e-4
+    assert artifacts.counters["built"] - before.get("built", 0) == 1
+    again, call_again = pipeline_and_call()
+    apply_recipe(again, cpu, "compiled", "device", store, spec.name)
+    assert np.abs(call_again() - eager).max() < 1e-4
+    assert artifacts.counters["built"] - before.get("built", 0) == 1
+    assert artifacts.counters["loaded"] - before.get("loaded", 0) == 1
