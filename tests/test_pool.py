@@ -103,6 +103,23 @@ def klein(pool):
 # --- fast: no pool needed -------------------------------------------------------------------------------------
 
 
+def test_a_world_of_one_loads_the_pipeline_whole():
+    # The bench's 1-rank pool measures the pool's own path: nothing to shard, so nothing is a DTensor.
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from acceldemo.models.tensor_parallel import load_sharded_pipeline
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        pipe, counts = load_sharded_pipeline(get_model("tiny-flux2-klein"), Settings.from_env(),
+                                             init_device_mesh("cpu", (1,)))
+    finally:
+        dist.destroy_process_group()
+    assert [(c.name, c.sharded) for c in counts] == [("transformer", 0), ("text_encoder", 0)]
+    assert all(type(p).__name__ == "Parameter" for p in pipe.transformer.parameters())
+
+
 def test_torchrun_root_cause_names_the_rank_and_the_signal():
     log = textwrap.dedent("""\
         Root Cause (first observed failure):

@@ -29,6 +29,9 @@ def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh) -> tuple[ob
     """
     import diffusers
 
+    if mesh.size() == 1:  # nothing to shard: the whole pipeline (a 1-rank pool measures the pool's own path)
+        pipe = load_pipeline(spec, settings)
+        return pipe, [_count(name, getattr(pipe, name)) for name in spec.tp_components]
     if mesh.device_type == "cpu":
         from ..compat import allow_cpu_tensor_parallel
 
