@@ -99,11 +99,14 @@ def test_device_script_full_configs_are_the_4b_architecture():
 
 def test_device_script_dry_run_measures_every_variant_on_cpu(tmp_path):
     out = tmp_path / "dry.json"
-    done = _run([str(DEVICE_SCRIPT), "--dry-run", "--out", str(out)], 300)
+    done = _run([str(DEVICE_SCRIPT), "--dry-run", "--out", str(out), "--variants",
+                 "eager,compiled,regional,precompiled"], 300)
     report = json.loads(out.read_text())
     assert report["dry_run"] is True
-    assert [r["variant"] for r in report["results"]] == ["eager", "compiled", "regional"]
+    assert [r["variant"] for r in report["results"]] == ["eager", "compiled", "regional", "precompiled"]
     by = {r["variant"]: r for r in report["results"]}
     assert by["eager"]["graphs"] == 0 and by["compiled"]["graphs"] >= 1 and by["regional"]["graphs"] >= 1
+    assert (by["precompiled"]["graphs"], by["precompiled"]["packages_loaded"]) == (1, 1)
+    assert by["precompiled"]["first_call_after_restart_s"] > 0
     assert all(r["warm_s"]["median"] > 0 for r in report["results"])
     assert "0.57 s" in done.stdout and "0.72 s" in done.stdout

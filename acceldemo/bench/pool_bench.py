@@ -1,7 +1,8 @@
 """Section 2: a warm call through the torchrun worker pool (1 and 2 ranks) ÷ the same call in this process.
 
 All three go through the executor interface the session manager uses (`LoadedPipeline.run`): the manager itself
-refuses a 1-rank pool (a tp world of 1 is pointless to a person), and its own cost is section 1's figure.
+refuses a 1-rank pool (a tp world of 1 is pointless to a person; the pool itself loads it whole), and its own cost
+is section 1's figure.
 """
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def measure_restart(models_dir: Path, model: str, hardware: str, mode: str, back
                  for field in ("first_image_s", "compile_s", "dynamo_trace_s", "backend_s", "load_s", "import_s",
                                "process_s")},
               "restart_cache_hits": [r["compile_cache_hits"] for r in restart],
-              "restart_packages_loaded": [r["packages_loaded"] for r in restart]}
+              "restart_packages_loaded": [r["packages_loaded"] for r in restart],
+              "cold_first_image_runs": [c["first_image_s"] for c in cold]}
     # Each restart against the cold start just before it: both ran under the machine's load of that moment.
     before = [cold[min(i, len(cold) - 1)] for i in range(len(restart))]
     ratio = ratios([r["first_image_s"] for r in restart], [c["first_image_s"] for c in before])

@@ -348,6 +348,12 @@ def restart(bench: InProcessBench) -> list[Figure]:
         log(f"restart with ACCELDEMO_PRECOMPILE={precompile}")
         figures += measure_restart(models, MODEL, bench.options.hardware, RESTART_MODE, plan.restart_backend,
                                    "64x64", plan.cold_runs, plan.restart_runs, precompile, log=log)
+    cold = [f.detail["cold_first_image_runs"] for f in figures if "cold_first_image_runs" in f.detail]
+    if len(cold) == 2:  # what building a package instead of torch.compile costs the very first visit
+        figures.append(Figure(
+            "cold_start_packages_vs_torch_compile", 3, "cold start, AOTInductor package ÷ torch.compile, time to "
+            "first image", "ratio", ratios(*cold),
+            note="the first visit compiles the same graph either way; the package is also written to disk"))
     return figures
 
 

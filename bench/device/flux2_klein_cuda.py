@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -22,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 VARIANTS = ("eager", "compiled", "regional")
+# Opt-in (--variants ...,precompiled): the app's restart path, an AOTInductor package built, then loaded again.
+EXTRA_VARIANTS = ("precompiled",)
 PROMPT = "a red fox in fresh snow, soft winter light, detailed fur"
 # Published figures to read the measured ones against (other stacks, other days: anchors, not targets).
 ANCHORS = {
@@ -151,6 +154,8 @@ def measure(pipe, config: dict, variant: str, backend: str, size: int, steps: in
         pipe.transformer.compile(backend=backend, fullgraph=True, dynamic=False)
     elif variant == "regional":
         pipe.transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
+    elif variant == "precompiled":
+        packages = precompile(pipe)
 
     def call():
         pipe(prompt=PROMPT, height=size, width=size, num_inference_steps=steps, guidance_scale=1.0,
@@ -165,13 +170,41 @@ def measure(pipe, config: dict, variant: str, backend: str, size: int, steps: in
     first = time.perf_counter() - started
     compile_s = sum(compilation_time_metrics.get("_compile.compile_inner", ())) - compile_before
     graphs = counters["stats"]["unique_graphs"] - graphs_before
+    extra = {}
+    if variant == "precompiled":
+        from acceldemo.executors import artifacts
+
+        compile_s, graphs = artifacts.counters["build_seconds"], artifacts.counters["built"]
+        precompile(pipe, packages)  # as after a restart: a fresh stand-in that finds the package on disk
+        clock.sync()
+        started = time.perf_counter()
+        call()
+        clock.sync()
+        extra = {"packages_loaded": artifacts.counters["loaded"],
+                 "first_call_after_restart_s": time.perf_counter() - started}
+        shutil.rmtree(packages, ignore_errors=True)
     call()  # a second warm-up: allocator and autotuning caches settle
     clock.reset_peak()
     warm = [clock.time(call) for _ in range(runs)]
-    return {"variant": variant, "backend": backend if variant != "eager" else None, "first_call_s": first,
+    used = {"eager": None, "precompiled": "AOTInductor"}.get(variant, backend)
+    return {"variant": variant, "backend": used, "first_call_s": first,
             "compile_s": compile_s, "graphs": graphs, "warm_s": {"median": statistics.median(warm), "min": min(warm),
                                                                  "max": max(warm), "runs": warm},
-            "peak_memory_gib": clock.peak_gib()}
+            "peak_memory_gib": clock.peak_gib(), **extra}
+
+
+def precompile(pipe, folder: Path | None = None) -> Path:
+    """The app's mode-compiled path on CPU/CUDA: AOTInductor packages in `folder` (a new temporary one by default)."""
+    import tempfile
+
+    from acceldemo.executors.artifacts import ArtifactStore, PrecompiledTransformer
+    from acceldemo.hardware import get_hardware
+
+    folder = folder or Path(tempfile.mkdtemp(prefix="flux2-klein-aoti-"))
+    hardware = get_hardware("cuda" if pipe.transformer.device.type == "cuda" else "cpu")
+    stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(folder), "flux2-klein-4b-random", hardware)
+    stand_in.label = "this size"
+    return folder
 
 
 def environment(device: str) -> dict:
@@ -193,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5, help="warm calls per variant (default 5)")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS + EXTRA_VARIANTS)} (default: the first three)")
     args = parser.parse_args(argv)
 
     import torch
@@ -217,14 +251,18 @@ def main(argv: list[str] | None = None) -> int:
         results.append(measure(pipe, config, variant, backend, size, steps, runs, clock))
         r = results[-1]
         memory = f", peak {r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] is not None else ""
+        restart = f", after a restart {r['first_call_after_restart_s']:.2f} s" if variant == "precompiled" else ""
         print(f"{variant:>9}: first call {r['first_call_s']:.2f} s (compile {r['compile_s']:.1f} s, {r['graphs']} "
               f"graphs), warm {r['warm_s']['median']:.3f} s ({r['warm_s']['min']:.3f}–{r['warm_s']['max']:.3f})"
-              f"{memory}", flush=True)
+              f"{memory}{restart}", flush=True)
     by = {r["variant"]: r for r in results}
     ratios = {}
     if "eager" in by:
         ratios.update({f"{v}_vs_eager_warm": by[v]["warm_s"]["median"] / by["eager"]["warm_s"]["median"]
-                       for v in ("compiled", "regional") if v in by})
+                       for v in ("compiled", "regional", "precompiled") if v in by})
+    if "precompiled" in by:
+        ratios["precompiled_restart_vs_first_call"] = by["precompiled"]["first_call_after_restart_s"] \
+            / by["precompiled"]["first_call_s"]
     if "compiled" in by and "regional" in by and by["compiled"]["compile_s"]:
         ratios["regional_vs_compiled_compile_s"] = by["regional"]["compile_s"] / by["compiled"]["compile_s"]
     report = {"dry_run": args.dry_run, "size": size, "steps": steps, "dtype": "bfloat16", "configs": config,
