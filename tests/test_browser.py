@@ -1,9 +1,13 @@
 """A person in a real browser (Debian chromium via Playwright): pick, generate, see compile once, then warm."""
+import json
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from acceldemo.ui.page import NOTHING_TO_STOP, SERIES_COLORS, STOPPED
 
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by scripts/test.sh")
 CHROMIUM = "/usr/bin/chromium"
@@ -71,3 +75,52 @@ def test_compile_progress_shows_on_the_first_visit_only(page):
     page.wait_for_timeout(2500)  # let the shapes panel refresh once
     assert "80x80" in page.locator("#shapes").inner_text()
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
+
+
+def chart_points(page) -> list[tuple[str, str]]:
+    """The drawn points of the latency chart: (vega's description of the point, its stroke colour)."""
+    return page.locator("#latency g.mark-symbol.role-mark path").evaluate_all(
+        "paths => paths.map(p => [p.getAttribute('aria-label'), p.getAttribute('stroke')])")
+
+
+def test_latency_chart_draws_every_point_in_its_series_colour(page):
+    # A series the page did not have when it first drew the chart: once its points were drawn colourless.
+    choose(page, "mode", "eager")
+    type_resolution(page, "96x96")
+    generate_and_watch(page, seed=21)
+    deadline = time.time() + 15  # the chart refreshes every 2 s
+    while not any("shape: 96x96" in label and "series: eager first call" in label
+                  for label, _ in chart_points(page)):
+        assert time.time() < deadline, chart_points(page)
+        page.wait_for_timeout(250)
+    points = chart_points(page)
+    assert [colour for _, colour in points] == [SERIES_COLORS[label.split("series: ")[1]] for label, _ in points]
+
+
+def cancelled_jobs(server) -> int:
+    with urllib.request.urlopen(server + "/status", timeout=10) as response:
+        return json.load(response)["counters"].get("cancelled", 0)
+
+
+def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
+    before = cancelled_jobs(server)
+    choose(page, "mode", "eager")
+    type_resolution(page, "512x512")
+    page.locator("#steps input").fill("100")  # seconds of denoising on the tiny model: time to press Stop
+    page.locator("#generate").click()
+    page.locator("#image").get_by_text("denoise step").wait_for(timeout=120_000)
+    page.locator("#stop").click()
+    page.locator("#facts").get_by_text(STOPPED.replace("**", "")).wait_for(timeout=10_000)
+    deadline = time.time() + 30
+    while cancelled_jobs(server) == before:  # the engine ended the job at a step, not only the page
+        assert time.time() < deadline, "the job was not stopped in the engine"
+        time.sleep(0.25)
+    type_resolution(page, "64x64")
+    page.locator("#steps input").fill("4")
+    result = generate_and_watch(page, seed=22)
+    assert "64x64" in result[-1] and "steps 4" in result[-1]
+    assert page.locator("#image img").evaluate("img => img.naturalWidth") == 64
+    with urllib.request.urlopen(server + "/metrics", timeout=10) as response:
+        assert 'acceldemo_requests_total{outcome="cancelled"}' in response.read().decode()
+    page.locator("#stop").click()  # with nothing running
+    page.locator("#facts").get_by_text(NOTHING_TO_STOP).wait_for(timeout=10_000)

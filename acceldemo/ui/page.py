@@ -9,7 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from ..engine import SessionManager, check_request, mode_options, parse_resolution, propose_placement
-from ..errors import AcceldemoError
+from ..errors import AcceldemoError, Cancelled, GenerationFailed
 from ..hardware import ALL_MODES, HARDWARE, detect_all, get_hardware
 from ..models.catalog import CATALOG, DEFAULT_MODEL, get_model
 from ..records import GenerateRequest, GenerateResult, Progress
@@ -19,6 +19,13 @@ log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
+STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
+NOTHING_TO_STOP = "Nothing to stop: no job of this page is running."
+# One ColorBrewer hue per mode: the middle shade for the first call, the dark one for warm calls.
+SERIES_COLORS = {f"{mode} {kind}": color
+                 for mode, pair in zip(ALL_MODES, (("#6baed6", "#08519c"), ("#9e9ac8", "#54278f"),
+                                                   ("#fd8d3c", "#a63603"), ("#74c476", "#006d2c")))
+                 for kind, color in zip(("first call", "warm"), pair)}
 
 
 def _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateRequest:
@@ -41,7 +48,9 @@ def describe_result(result: GenerateResult) -> str:
     """The facts a person reads beside the image."""
     r = result.request
     reuse = "reused a compiled graph" if result.warm else (
-        f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else "first visit to this shape")
+        f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
+        f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused" if result.compile_cache_hits
+        else "first visit to this shape")
     return (f"**{r.width}x{r.height}** · {r.model} · {r.hardware} · {r.mode} · {r.placement}  \n"
             f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
@@ -61,14 +70,23 @@ def status_rows(manager: SessionManager) -> pd.DataFrame:
 
 def latency_points(manager: SessionManager) -> pd.DataFrame:
     """Per shape: first-call and warm latency of every mode measured, for the chart."""
-    rows = []
+    # The browser fixes the colour domain to the series in the data when it first draws the chart, and
+    # draws points of any series added later without a colour, invisible: so every series has a row from
+    # the start, without seconds, which is drawn as nothing.
+    rows = [[None, series, None] for series in SERIES_COLORS]
     for p in manager.status():
         for s in p.shapes:
             if s.first_call_seconds is not None:
                 rows.append([str(s.shape), f"{p.key.mode} first call", s.first_call_seconds])
             if s.last_latency is not None:
                 rows.append([str(s.shape), f"{p.key.mode} warm", s.last_latency])
-    return pd.DataFrame(rows, columns=["shape", "series", "seconds"])
+    return pd.DataFrame(rows, columns=["shape", "series", "seconds"]).astype({"seconds": float})
+
+
+def outcome_of(error: AcceldemoError) -> str:
+    """The `outcome` label of a request that ended in one of the engine's errors."""
+    return "cancelled" if isinstance(error, Cancelled) else "failed" if isinstance(error, GenerationFailed) \
+        else "invalid"
 
 
 def status_json(manager: SessionManager, startup: dict) -> dict:
@@ -77,6 +95,7 @@ def status_json(manager: SessionManager, startup: dict) -> dict:
         "startup_warmup": startup.get("state", "none configured"),
         "queue_depth": manager.queue_depth(),
         "counters": dict(manager.counters),
+        "precompiled": manager.precompiled(),
         "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware, "mode": p.key.mode,
                        "placement": p.key.placement, "tp_size": p.key.tp_size, "resident": p.resident,
                        "busy": p.busy, "load_seconds": round(p.load_seconds, 3),
@@ -124,7 +143,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
             request = _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed)
             result = manager.generate(request, _progress_to_gradio(progress), cancelled=stop.is_set)
         except AcceldemoError as error:
-            metrics.requests.labels("invalid").inc()
+            metrics.requests.labels(outcome_of(error)).inc()
             raise gr.Error(str(error), print_exception=False) from None
         except Exception as error:  # never a traceback in the page
             metrics.requests.labels("failed").inc()
@@ -135,8 +154,13 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         metrics.observe(result)
         return result.image, describe_result(result), result.facts()
 
-    def stop_job(session: gr.Request) -> None:
-        stops.get(session.session_hash, threading.Event()).set()
+    def stop_job(session: gr.Request) -> str:
+        running = stops.get(session.session_hash)
+        if running is None:
+            return NOTHING_TO_STOP
+        running.set()
+        # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
+        return STOPPED
 
     def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
         if not shapes:
@@ -198,14 +222,14 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         gr.Markdown("## Compiled shapes")
         startup_text = gr.Markdown(elem_id="startup")
         table = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
-        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", title="First call vs warm latency",
-                               y_title="seconds", height=280)
+        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", color_map=SERIES_COLORS,
+                               title="First call vs warm latency", y_title="seconds", height=280, elem_id="latency")
         timer = gr.Timer(2.0)
 
         inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed]
         generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
                                concurrency_id="device")
-        stop_button.click(stop_job, None, None, queue=False, cancels=[generating], api_visibility="private")
+        stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
                           api_name="warm_up", concurrency_id="device")
         timer.tick(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")
