@@ -85,3 +85,13 @@ def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_i
     assert np.abs(call_again() - eager).max() < 1e-4
     assert artifacts.counters["built"] - before.get("built", 0) == 1
     assert artifacts.counters["loaded"] - before.get("loaded", 0) == 1
+
+
+def test_the_page_says_what_the_store_holds():
+    from acceldemo.ui.page import describe_packages
+
+    store = {"setting": "auto", "packages": 3, "megabytes": 6.6, "built": 1, "loaded": 3, "hit_rate": 0.75}
+    assert describe_packages(store) == ("Precompiled packages: 3 on disk (6.6 MB); since start 1 built, 3 loaded, "
+                                        "75% of first visits loaded one")
+    assert describe_packages({**store, "built": 0, "loaded": 0, "hit_rate": None}).endswith("0 built, 0 loaded")
+    assert describe_packages({**store, "setting": "off"}) == "Precompiled packages: off (ACCELDEMO_PRECOMPILE=off)"

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -127,13 +128,10 @@ class PrecompiledTransformer:
         return runner
 
     def _load(self, path: Path) -> Callable | None:
-        import torch
-
         self.notify("load", f"loading the precompiled transformer for {self.label} ({path.name})")
         started = time.perf_counter()
         try:
-            runner = torch._inductor.aoti_load_package(str(path))
-            runner.load_constants(self._weights(), check_full_update=True, user_managed=True)
+            runner = self._open(path)
         except Exception as error:  # truncated by a crash, or built by another toolchain: build it again
             log.warning("precompiled package %s unusable (%s: %s); rebuilding", path, type(error).__name__, error)
             counters["rejected"] += 1
@@ -157,13 +155,20 @@ class PrecompiledTransformer:
         self.store.save(path, lambda target: torch._inductor.aoti_compile_and_package(
             program, package_path=target, inductor_configs={"aot_inductor.package_constants_in_so": False}),
             {**self.scope, "inputs": json.loads(json.dumps(_signature(inputs))), "shape": self.label})
-        runner = torch._inductor.aoti_load_package(str(path))
-        runner.load_constants(self._weights(), check_full_update=True, user_managed=True)
+        runner = self._open(path)
         seconds = time.perf_counter() - started
         counters["built"] += 1
         counters["build_seconds"] += seconds
         log.info("built %s for %s in %.1f s", path.name, self.label, seconds)
         return runner
 
-    def _weights(self) -> dict:
-        return dict(self.transformer.named_parameters()) | dict(self.transformer.named_buffers())
+    def _open(self, path: Path) -> Callable:
+        """The package's compiled transformer, running on this transformer's own weights."""
+        import torch
+
+        with warnings.catch_warnings():  # torch's own pytree deprecation, raised while unpickling the package
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            runner = torch._inductor.aoti_load_package(str(path))
+        weights = dict(self.transformer.named_parameters()) | dict(self.transformer.named_buffers())
+        runner.load_constants(weights, check_full_update=True, user_managed=True)
+        return runner

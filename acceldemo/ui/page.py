@@ -57,6 +57,15 @@ def describe_result(result: GenerateResult) -> str:
             f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}")
 
 
+def describe_packages(store: dict) -> str:
+    """One line on the saved compiled transformers that let a restart skip compiling (mode compiled, CPU/CUDA)."""
+    if store["setting"] == "off":
+        return "Precompiled packages: off (ACCELDEMO_PRECOMPILE=off)"
+    rate = "" if store["hit_rate"] is None else f", {store['hit_rate']:.0%} of first visits loaded one"
+    return (f"Precompiled packages: {store['packages']} on disk ({store['megabytes']} MB); since start "
+            f"{store['built']} built, {store['loaded']} loaded{rate}")
+
+
 def status_rows(manager: SessionManager) -> pd.DataFrame:
     rows = []
     for p in manager.status():
@@ -175,7 +184,8 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
 
     def refresh_status():
         state = startup.get("state", "none configured")
-        return status_rows(manager), latency_points(manager), f"Start-up warm-up: {state}"
+        return status_rows(manager), latency_points(manager), \
+            f"Start-up warm-up: {state}  \n{describe_packages(manager.precompiled())}"
 
     def on_model(model, hardware, placement):
         spec = get_model(model)
