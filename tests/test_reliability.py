@@ -110,6 +110,25 @@ def memory_mib(pid: int) -> dict[str, float]:
 
 
 @pytest.mark.slow
+def test_eight_clients_asking_the_very_same_image_at_once_all_get_it_whole(server):
+    # Identical requests give identical images; Gradio used to rewrite one cached file per image content in place,
+    # so a download racing a rewrite came back empty ("peer closed connection ... received 0 bytes").
+    from gradio_client import Client
+    from PIL import Image
+
+    def client_run(_):
+        client = Client(server + "/", verbose=False)
+        return [np.asarray(Image.open(client.predict(
+            "the same red circle", "tiny-flux2-klein", "cpu", "eager", "auto", 2, "64x64", 2, 1.0, 7,
+            api_name="/generate")[0])) for _ in range(3)]
+
+    with ThreadPoolExecutor(8) as pool:
+        images = [image for run in pool.map(client_run, range(8)) for image in run]
+    assert len(images) == 24 and images[0].shape == (64, 64, 3) and images[0].std() > 0
+    assert all((image == images[0]).all() for image in images)
+
+
+@pytest.mark.slow
 def test_sixteen_clients_four_requests_each_get_their_own_results(server):
     from gradio_client import Client
 

@@ -1,9 +1,14 @@
 """The Gradio page: components and events; each handler is one engine call and its translation."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -42,6 +47,24 @@ def _progress_to_gradio(progress: gr.Progress):
         fraction = event.step / event.total if event.step and event.total else 0.0
         progress(fraction, desc=event.message if event.phase != "denoise" else f"denoise {event.message}")
     return report
+
+
+def image_file(image, folder: Path) -> str:
+    """The image as a PNG file of its own, for Gradio to copy into its cache.
+
+    Gradio keeps a returned PIL image at a path named by its content and rewrites that file in place on every
+    return, so two people asking the same prompt and seed at once can download it half-written (seen in bench §7:
+    "peer closed connection without sending complete message body"). A returned file is copied in under a
+    temporary name and renamed. Gradio copies it as the event ends, so files older than a minute are done with.
+    """
+    for old in folder.glob("*.png"):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - old.stat().st_mtime > 60:
+                old.unlink()
+    fd, path = tempfile.mkstemp(suffix=".png", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        image.save(out, format="png")
+    return path
 
 
 def describe_result(result: GenerateResult) -> str:
@@ -142,6 +165,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
     all_presets = sorted({str(s) for spec in CATALOG.values() for s in spec.presets},
                          key=lambda t: tuple(map(int, t.split("x"))))
 
+    outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
     # Stop flags per browser session: Stop ends that session's job at its next denoise step.
     stops: dict[str, threading.Event] = {}
 
@@ -161,7 +185,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         finally:
             stops.pop(session.session_hash, None)
         metrics.observe(result)
-        return result.image, describe_result(result), result.facts()
+        return image_file(result.image, outputs), describe_result(result), result.facts()
 
     def stop_job(session: gr.Request) -> str:
         running = stops.get(session.session_hash)
