@@ -95,3 +95,33 @@ def test_the_page_says_what_the_store_holds():
                                         "75% of first visits loaded one")
     assert describe_packages({**store, "built": 0, "loaded": 0, "hit_rate": None}).endswith("0 built, 0 loaded")
     assert describe_packages({**store, "setting": "off"}) == "Precompiled packages: off (ACCELDEMO_PRECOMPILE=off)"
+
+
+def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(tmp_path):
+    import torch
+
+    from acceldemo.config import Settings
+    from acceldemo.executors.artifacts import PrecompiledTransformer
+    from acceldemo.hardware import get_hardware
+    from acceldemo.models.catalog import CATALOG
+    from acceldemo.models.loading import load_pipeline
+
+    pipe = load_pipeline(CATALOG["tiny-flux2-klein"], Settings.from_env())
+    pipe.set_progress_bar_config(disable=True)
+    seen = {}
+
+    def capture(**inputs):
+        seen.update(inputs)
+        raise StopIteration
+
+    pipe.transformer.forward = capture
+    with pytest.raises(StopIteration):
+        pipe(prompt="a red circle", height=64, width=64, num_inference_steps=1)
+    del pipe.transformer.forward
+    expected = pipe.transformer(**seen)[0]
+    before = dict(artifacts.counters)
+    stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(tmp_path), "tiny-flux2-klein", get_hardware("cpu"))
+    with torch.no_grad():
+        got = pipe.transformer(**{**seen, "joint_attention_kwargs": {"note": "not in a package"}})[0]
+    assert torch.equal(got, expected) and stand_in.warned_eager
+    assert artifacts.counters["built"] == before.get("built", 0) and not list(tmp_path.rglob("*.pt2"))

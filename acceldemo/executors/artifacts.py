@@ -96,6 +96,7 @@ class PrecompiledTransformer:
         self.scope = {"model": model, "class": type(transformer).__name__, "hardware": hardware.name,
                       "toolchain": toolchain(hardware), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
         self.runners: dict[str, Callable] = {}
+        self.warned_eager = False
         # Set by the caller around one pipeline call: what the shape is called, and where phase changes go.
         self.label, self.notify = "", lambda phase, text: None
 
@@ -110,7 +111,9 @@ class PrecompiledTransformer:
         # None and {} (FluxPipeline's joint_attention_kwargs) are what a package is traced without.
         inputs = {name: value for name, value in inputs.items() if value is not None and not _empty_dict(value)}
         if any(isinstance(value, dict) for value in inputs.values()):  # e.g. LoRA scales: not part of a package
-            log.warning("%s called with %s: run eagerly", self.model, sorted(inputs))
+            if not self.warned_eager:
+                log.warning("%s called with %s: such calls run eagerly", self.model, sorted(inputs))
+                self.warned_eager = True
             return self._eager(**inputs)
         key = json.dumps(_signature(inputs))
         runner = self.runners.get(key) or self._runner(key, inputs)
@@ -154,7 +157,7 @@ class PrecompiledTransformer:
             self.transformer.forward = self
         self.store.save(path, lambda target: torch._inductor.aoti_compile_and_package(
             program, package_path=target, inductor_configs={"aot_inductor.package_constants_in_so": False}),
-            {**self.scope, "inputs": json.loads(json.dumps(_signature(inputs))), "shape": self.label})
+            {**self.scope, "inputs": _signature(inputs), "shape": self.label})
         runner = self._open(path)
         seconds = time.perf_counter() - started
         counters["built"] += 1
