@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_info(args) -> int:
     from .engine import mode_options, propose_placement
     from .hardware import HARDWARE, detect_all
+    from .config import Settings
+    from .executors.artifacts import ArtifactStore
     from .models.catalog import CATALOG, DEFAULT_MODEL
 
     found = detect_all()
@@ -95,8 +97,11 @@ def cmd_info(args) -> int:
             "placement": {n: propose_placement(spec, a).__dict__ for n, a in found.items() if a.available},
             "modes": {n: {o.name: (o.ok, o.reason) for o in mode_options(spec, HARDWARE[n], None)}
                       for n, a in found.items() if a.available}}
+    settings = Settings.from_env()
+    packages = {"setting": settings.precompile, **ArtifactStore.of(settings).summary()}
     if args.json:
-        print(json.dumps({"hardware": hardware, "models": models, "default_model": DEFAULT_MODEL}, indent=2))
+        print(json.dumps({"hardware": hardware, "models": models, "default_model": DEFAULT_MODEL,
+                          "precompiled": packages}, indent=2))
         return 0
     print("Hardware")
     for name, h in hardware.items():
@@ -111,6 +116,8 @@ def cmd_info(args) -> int:
             refused = [f"{mode} ({why})" for mode, (ok, why) in modes.items() if not ok]
             print(f"      on {hw}: placement {place['name']} ({place['reason']})"
                   + (f"; not: {'; '.join(refused)}" if refused else ""))
+    print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "
+          f"({packages['megabytes']} MB)")
     return 0
 
 

@@ -33,6 +33,7 @@ def test_info_lists_absent_hardware_with_reasons_and_models():
                                        "reason": "torch_tpu is not installed"}
     assert info["models"]["flux2-dev"]["pipeline"] == "Flux2Pipeline"
     assert info["models"]["tiny-sd3"]["modes"]["cpu"]["regional"][0] is False
+    assert info["precompiled"]["setting"] == "auto" and info["precompiled"]["folder"].endswith("aoti")
 
 
 def test_generate_reports_new_graphs_then_warm(tmp_path):
