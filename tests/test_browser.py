@@ -124,3 +124,16 @@ def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
         assert 'acceldemo_requests_total{outcome="cancelled"}' in response.read().decode()
     page.locator("#stop").click()  # with nothing running
     page.locator("#facts").get_by_text(NOTHING_TO_STOP).wait_for(timeout=10_000)
+
+
+def test_a_bad_size_typed_in_the_page_is_the_engines_message_and_the_page_serves_on(page):
+    choose(page, "mode", "eager")
+    type_resolution(page, "100x64")
+    page.locator("#generate").click()
+    # The same words as the CLI's and the API's (tests/test_cli.py, tests/test_server.py), in Gradio's toast.
+    page.get_by_text("width=100 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 96") \
+        .first.wait_for(timeout=30_000)
+    assert "Traceback" not in page.content()
+    type_resolution(page, "64x64")
+    result = generate_and_watch(page, seed=31)
+    assert "64x64" in result[-1]
