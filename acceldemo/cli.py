@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     _request_args(warmup)
     warmup.add_argument("--json", action="store_true", help="one JSON line per shape on stdout")
 
+    cache = commands.add_parser("cache", help="list the precompiled packages; --prune removes the unusable ones")
+    cache.add_argument("--prune", action="store_true",
+                       help="delete packages built by another torch/CPU/GPU toolchain, and leftovers of killed builds")
+    cache.add_argument("--json", action="store_true", help="one JSON object instead of text")
+
     bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
     add_bench_arguments(bench)
     return parser
@@ -150,6 +155,30 @@ def cmd_generate(args, manager) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from .config import Settings
+    from .executors.artifacts import ArtifactStore, toolchain
+    from .hardware import HARDWARE
+
+    def here(hardware: str) -> str | None:
+        adapter = HARDWARE.get(hardware)
+        return toolchain(adapter) if adapter is not None and adapter.detect().available else None
+
+    store = ArtifactStore.of(Settings.from_env())
+    removed = store.prune(here) if args.prune else []
+    packages = store.packages()
+    if args.json:
+        print(json.dumps({"folder": str(store.root), "packages": packages, "removed": removed}, indent=2))
+        return 0
+    print(f"{len(packages)} precompiled package(s) in {store.root}")
+    for entry in packages:
+        print(f"  {entry.get('model', '?'):<17} {entry.get('hardware', '?'):<5} {entry.get('shape') or '?':<9} "
+              f"{entry['megabytes']:>7.2f} MB  {entry.get('age_days', 0):>5.1f} d  {entry.get('toolchain', 'no JSON')}")
+    for path in removed:
+        print(f"  removed {path}")
+    return 0
+
+
 def cmd_warmup(args, manager) -> int:
     from .engine.validation import check_request
     from .models.catalog import get_model
@@ -171,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_info(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "cache":
+            return cmd_cache(args)
         from .engine import SessionManager
 
         manager = SessionManager()

@@ -125,3 +125,28 @@ def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(t
         got = pipe.transformer(**{**seen, "joint_attention_kwargs": {"note": "not in a package"}})[0]
     assert torch.equal(got, expected) and stand_in.warned_eager
     assert artifacts.counters["built"] == before.get("built", 0) and not list(tmp_path.rglob("*.pt2"))
+
+
+def _fake_package(store: ArtifactStore, toolchain: str | None, inputs: str, hardware: str = "cpu"):
+    about = {"model": "m", "hardware": hardware, "shape": "64x64", "toolchain": toolchain}
+    path = store.path("m", hardware, {**about, "inputs": inputs})
+    store.save(path, lambda partial: open(partial, "wb").write(b"package"), about)
+    if toolchain is None:
+        path.with_suffix(".json").unlink()
+    return path
+
+
+def test_prune_removes_only_what_this_host_cannot_load(tmp_path):
+    store = ArtifactStore(tmp_path)
+    kept = _fake_package(store, "torch 2.13.0+cpu, cpu AVX2", "a")
+    elsewhere = _fake_package(store, "torch 2.13.0, cpu AVX2, cuda 12.8 sm_90", "b", hardware="cuda")
+    old = _fake_package(store, "torch 2.12.0+cpu, cpu AVX2", "c")
+    orphan = _fake_package(store, None, "d")
+    leftover = kept.with_name(".partial-123-x.pt2")
+    leftover.write_bytes(b"half")
+    assert len(store.packages()) == 4
+
+    removed = store.prune({"cpu": "torch 2.13.0+cpu, cpu AVX2"}.get)  # no CUDA here: its package is kept
+    assert sorted(removed) == sorted(map(str, (old, orphan, leftover)))
+    assert sorted(e["path"] for e in store.packages()) == sorted(map(str, (kept, elsewhere)))
+    assert not old.with_suffix(".json").exists() and kept.with_suffix(".json").exists()

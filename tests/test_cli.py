@@ -20,7 +20,7 @@ def json_lines(done):
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("command", [[], ["info"], ["generate"], ["warmup"]])
+@pytest.mark.parametrize("command", [[], ["info"], ["generate"], ["warmup"], ["cache"]])
 def test_help_everywhere(command):
     done = cli(*command, "--help")
     assert done.returncode == 0 and "usage: python -m acceldemo" in done.stdout
@@ -113,3 +113,18 @@ def test_with_precompile_off_a_restart_reuses_inductors_own_cache(tmp_path):
     restarted = json_lines(cli(*args, "--size", "64x64", env=env))[0]
     assert restarted["new_graphs"] > 0 and restarted["compile_cache_hits"] > 0
     assert not (tmp_path / "cache" / "aoti").exists()
+
+
+def test_cache_lists_packages_and_prune_removes_another_toolchains(tmp_path):
+    from acceldemo.executors.artifacts import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "aoti")
+    about = {"model": "tiny-flux2-klein", "hardware": "cpu", "shape": "64x64", "toolchain": "torch 1.0, cpu none"}
+    path = store.path("tiny-flux2-klein", "cpu", about)
+    store.save(path, lambda partial: open(partial, "wb").write(b"package"), about)
+    env = {"ACCELDEMO_CACHE_DIR": str(tmp_path)}
+    listed = json.loads(cli("cache", "--json", env=env).stdout)
+    assert [(p["shape"], p["toolchain"]) for p in listed["packages"]] == [("64x64", "torch 1.0, cpu none")]
+    assert listed["removed"] == []
+    pruned = json.loads(cli("cache", "--prune", "--json", env=env).stdout)
+    assert pruned["removed"] == [str(path)] and pruned["packages"] == [] and not path.exists()

@@ -64,9 +64,46 @@ class ArtifactStore:
             partial.unlink(missing_ok=True)
         path.with_suffix(".json").write_text(json.dumps(about, indent=1, sort_keys=True))
 
+    def packages(self) -> list[dict]:
+        """Every package on disk with what its JSON says it is (`model`, `shape`, `toolchain`, ...), its size and
+        age; a package without its JSON (a crash between the two writes) has only `path` and `megabytes`."""
+        found = []
+        for package in self._files():
+            about = package.with_suffix(".json")
+            try:
+                facts = json.loads(about.read_text()) if about.exists() else {}
+                found.append({**facts, "path": str(package), "megabytes": round(package.stat().st_size / 2**20, 2),
+                              "age_days": round((time.time() - package.stat().st_mtime) / 86400, 1)})
+            except (OSError, ValueError):  # removed meanwhile, or a JSON cut short: listed without facts
+                found.append({"path": str(package), "megabytes": 0.0})
+        return found
+
+    def _files(self) -> list[Path]:
+        """The finished packages (a build in progress writes a hidden `.partial-*` file)."""
+        found = self.root.glob("*/*/*.pt2") if self.root.is_dir() else ()
+        return sorted(path for path in found if not path.name.startswith("."))
+
+    def prune(self, current_toolchain: Callable[[str], str | None]) -> list[str]:
+        """Delete what can no longer be loaded here: packages whose toolchain differs from this host's for their
+        hardware (`current_toolchain(hardware)`; None keeps them: that hardware is not here to ask), packages
+        without their JSON, and `.partial-*` leftovers of builds killed mid-write. Returns the removed paths."""
+        removed = []
+        for entry in self.packages():
+            hardware, toolchain = entry.get("hardware"), entry.get("toolchain")
+            wanted = current_toolchain(hardware) if hardware else None
+            if toolchain is None or (wanted is not None and toolchain != wanted):
+                package = Path(entry["path"])
+                package.unlink(missing_ok=True)
+                package.with_suffix(".json").unlink(missing_ok=True)
+                removed.append(str(package))
+        for partial in self.root.glob("*/*/.partial-*") if self.root.is_dir() else ():
+            partial.unlink(missing_ok=True)
+            removed.append(str(partial))
+        return removed
+
     def summary(self) -> dict:
         """Packages on disk and this process's builds and loads (loaded ÷ (loaded + built): the restart hit rate)."""
-        files = list(self.root.glob("*/*/*.pt2")) if self.root.is_dir() else []
+        files = self._files()
         reused, built = counters["loaded"], counters["built"]
         return {"folder": str(self.root), "packages": len(files),
                 "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1),
