@@ -157,12 +157,12 @@ def cmd_generate(args, manager) -> int:
 
 def cmd_cache(args) -> int:
     from .config import Settings
-    from .executors.artifacts import ArtifactStore, toolchain
+    from .executors.artifacts import ArtifactStore
     from .hardware import HARDWARE
 
     def here(hardware: str) -> str | None:
         adapter = HARDWARE.get(hardware)
-        return toolchain(adapter) if adapter is not None and adapter.detect().available else None
+        return adapter.toolchain() if adapter is not None and adapter.detect().available else None
 
     store = ArtifactStore.of(Settings.from_env())
     removed = store.prune(here) if args.prune else []

@@ -28,17 +28,6 @@ log = logging.getLogger("acceldemo.artifacts")
 counters: Counter = Counter()
 
 
-def toolchain(hardware) -> str:
-    """What a package's machine code depends on besides the model: torch, the CPU's ISA or the GPU's arch."""
-    import torch
-
-    parts = [f"torch {torch.__version__}", f"cpu {torch.backends.cpu.get_cpu_capability()}"]
-    if hardware.device == "cuda":
-        major, minor = torch.cuda.get_device_capability()
-        parts.append(f"cuda {torch.version.cuda} sm_{major}{minor}")
-    return ", ".join(parts)
-
-
 class ArtifactStore:
     """One folder of packages; each written atomically beside a JSON file saying what it is."""
 
@@ -131,7 +120,7 @@ class PrecompiledTransformer:
         self.parameters = inspect.signature(type(transformer).forward).parameters
         config = json.dumps(dict(transformer.config), sort_keys=True, default=str)
         self.scope = {"model": model, "class": type(transformer).__name__, "hardware": hardware.name,
-                      "toolchain": toolchain(hardware), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
+                      "toolchain": hardware.toolchain(), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
         self.runners: dict[str, Callable] = {}
         self.warned_eager = False
         # Set by the caller around one pipeline call: what the shape is called, and where phase changes go.

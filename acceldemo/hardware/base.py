@@ -113,6 +113,13 @@ class Hardware:
     def prepare_rank(self, local_rank: int) -> None:
         """Per-rank set-up before the process group starts (e.g. which core a rank owns)."""
 
+    def toolchain(self) -> str:
+        """What compiled machine code for this hardware depends on besides the model: torch and the CPU's ISA
+        (the host code of every inductor package); accelerators add their own."""
+        import torch
+
+        return f"torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}"
+
     def empty_cache(self) -> None:
         """Give freed device memory back after an eviction."""
 

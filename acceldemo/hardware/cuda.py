@@ -29,6 +29,12 @@ return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memo
 
         torch.cuda.set_device(local_rank)
 
+    def toolchain(self) -> str:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        return f"{super().toolchain()}, cuda {torch.version.cuda} sm_{major}{minor}"
+
     def empty_cache(self) -> None:
         import torch
 
