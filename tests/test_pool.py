@@ -28,7 +28,7 @@ from acceldemo.executors.pool import PoolExecutor, _root_cause
 from acceldemo.executors.recipe import run_pipeline
 from acceldemo.hardware import get_hardware
 from acceldemo.models.catalog import get_model
-from acceldemo.records import GenerateRequest, PipelineKey, no_progress
+from acceldemo.records import GenerateRequest, PipelineKey, RunOutput, no_progress
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,6 +101,38 @@ def klein(pool):
 
 
 # --- fast: no pool needed -------------------------------------------------------------------------------------
+
+
+def test_after_a_pool_restart_a_compiled_pipeline_announces_its_compile_again():
+    from acceldemo.executors.pool import PoolPipeline
+
+    class FakePool:
+        def __init__(self):
+            self.pipelines, self.runs = set(), []
+
+        def call(self, command, on_progress, cancelled=None):
+            if command.kind == "run":
+                self.runs.append(command.args[1])  # expect_compile as sent to the ranks
+                return RunOutput(images=[], seconds=0.0, new_graphs=0, compile_seconds=0.0)
+            return []
+
+    class FakeExecutor:
+        settings, pool = None, FakePool()
+
+        def pool_for(self, hardware, tp_size, on_progress):
+            return self.pool
+
+    executor = FakeExecutor()
+    request = tp_request(mode="compiled")
+    pipeline = PoolPipeline(executor, key_of(request), get_model(request.model))
+    pipeline.run(request, True, no_progress, output_type="np")
+    pipeline.run(request, False, no_progress, output_type="np")
+    first = executor.pool
+    executor.pool = FakePool()  # rank death: the executor hands out a fresh pool
+    events = []
+    pipeline.run(request, False, events.append, output_type="np")
+    assert first.runs == [True, False] and executor.pool.runs == [True]
+    assert "the pool was restarted: loading" in events[0].message
 
 
 def test_a_world_of_one_loads_the_pipeline_whole():

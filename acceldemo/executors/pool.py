@@ -278,7 +278,10 @@ class PoolPipeline:
     def run(self, request: GenerateRequest, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
         """One request on every rank; rank 0's images come back (PIL, or float arrays for output_type "np")."""
+        before = self.pool
         pool = self.ensure_loaded(on_progress)
+        if before is not None and pool is not before and self.key.mode in ("compiled", "regional"):
+            expect_compile = True  # a restarted pool's ranks have compiled nothing yet: say so while they do
         out = pool.call(Command("run", self.id, (request, expect_compile, output_type)), on_progress, cancelled)
         if output_type == "pil":
             from PIL import Image
