@@ -13,13 +13,12 @@ from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFail
 from ..executors.artifacts import ArtifactStore
 from ..executors.base import Executor, LoadedPipeline
 from ..executors.recipe import size_recompile_limit
+from ..hardware import COMPILED_MODES
 from ..models.catalog import get_model
 from ..records import GenerateRequest, GenerateResult, PipelineKey, Progress, ProgressCallback, Shape, no_progress
 from .validation import check_request
 
 log = logging.getLogger("acceldemo.engine")
-
-COMPILED_MODES = ("compiled", "regional")
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import GenerationFailed, UnsupportedCombination
-from ..hardware import Hardware, get_hardware
+from ..hardware import COMPILED_MODES, Hardware, get_hardware
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
 from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
@@ -280,7 +280,7 @@ class PoolPipeline:
         """One request on every rank; rank 0's images come back (PIL, or float arrays for output_type "np")."""
         before = self.pool
         pool = self.ensure_loaded(on_progress)
-        if before is not None and pool is not before and self.key.mode in ("compiled", "regional"):
+        if before is not None and pool is not before and self.key.mode in COMPILED_MODES:
             expect_compile = True  # a restarted pool's ranks have compiled nothing yet: say so while they do
         out = pool.call(Command("run", self.id, (request, expect_compile, output_type)), on_progress, cancelled)
         if output_type == "pil":

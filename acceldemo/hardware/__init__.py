@@ -4,7 +4,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import HardwareUnavailable, UnknownName
-from .base import Availability, Hardware
+from .base import COMPILED_MODES, Availability, Hardware
 from .cpu import CpuHardware
 from .cuda import CudaHardware
 from .neuron import NeuronHardware

@@ -27,6 +27,10 @@ class Availability:
     memory_bytes: int = 0  # per device
 
 
+# Modes that compile the transformer (every hardware offers both); the eager modes are each adapter's own.
+COMPILED_MODES = ("compiled", "regional")
+
+
 class Hardware:
     """One accelerator kind. Subclasses declare class attributes and override only what differs."""
 
@@ -51,7 +55,7 @@ class Hardware:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        return self.eager_modes + ("compiled", "regional")
+        return self.eager_modes + COMPILED_MODES
 
     def detect(self) -> Availability:
         """Is it here? Probed once, in a child process, so an aborting backend cannot take us down."""
