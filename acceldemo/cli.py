@@ -85,7 +85,7 @@ def cmd_info(args) -> int:
     from .engine import mode_options, propose_placement
     from .hardware import HARDWARE, detect_all
     from .config import Settings
-    from .executors.artifacts import ArtifactStore
+    from .executors.artifacts import report
     from .models.catalog import CATALOG, DEFAULT_MODEL
 
     found = detect_all()
@@ -102,8 +102,7 @@ def cmd_info(args) -> int:
             "placement": {n: propose_placement(spec, a).__dict__ for n, a in found.items() if a.available},
             "modes": {n: {o.name: (o.ok, o.reason) for o in mode_options(spec, HARDWARE[n], None)}
                       for n, a in found.items() if a.available}}
-    settings = Settings.from_env()
-    packages = {"setting": settings.precompile, **ArtifactStore.of(settings).summary()}
+    packages = report(Settings.from_env())
     if args.json:
         print(json.dumps({"hardware": hardware, "models": models, "default_model": DEFAULT_MODEL,
                           "precompiled": packages}, indent=2))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config import Settings
 from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed
-from ..executors.artifacts import ArtifactStore
+from ..executors import artifacts
 from ..executors.base import Executor, LoadedPipeline
 from ..executors.recipe import size_recompile_limit
 from ..hardware import COMPILED_MODES
@@ -114,7 +114,11 @@ class SessionManager:
 
     def precompiled(self) -> dict:
         """The AOTInductor package store behind mode compiled on CPU/CUDA: packages, builds, loads, hit rate."""
-        return {"setting": self.settings.precompile, **ArtifactStore.of(self.settings).summary()}
+        return artifacts.report(self.settings)
+
+    def package_events(self) -> dict[str, int]:
+        """Packages built, loaded and rejected since start, without reading the disk (for frequent scrapes)."""
+        return artifacts.events()
 
     def queue_depth(self, hardware: str | None = None) -> int:
         """Jobs waiting for a device (one hardware, or all)."""

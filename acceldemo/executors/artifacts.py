@@ -93,11 +93,21 @@ class ArtifactStore:
     def summary(self) -> dict:
         """Packages on disk and this process's builds and loads (loaded ÷ (loaded + built): the restart hit rate)."""
         files = self._files()
-        reused, built = counters["loaded"], counters["built"]
+        done = events()
+        reused, built = done["loaded"], done["built"]
         return {"folder": str(self.root), "packages": len(files),
-                "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1),
-                "built": built, "loaded": reused, "rejected": counters["rejected"],
+                "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1), **done,
                 "hit_rate": round(reused / (reused + built), 3) if reused + built else None}
+
+
+def events() -> dict[str, int]:
+    """Packages this process built, loaded, and rejected as unusable: counts only, no disk access."""
+    return {event: counters[event] for event in ("built", "loaded", "rejected")}
+
+
+def report(settings) -> dict:
+    """The store behind mode compiled on CPU/CUDA as a person reads it: the setting, then `summary()`."""
+    return {"setting": settings.precompile, **ArtifactStore.of(settings).summary()}
 
 
 def _empty_dict(value) -> bool:

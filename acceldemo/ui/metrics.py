@@ -33,7 +33,7 @@ class Metrics:
         packages = Gauge("acceldemo_precompiled_packages", "AOTInductor packages by event since start", ("event",),
                          registry=self.registry)
         for event in ("built", "loaded", "rejected"):
-            packages.labels(event).set_function(lambda event=event: manager.precompiled()[event])
+            packages.labels(event).set_function(lambda event=event: manager.package_events()[event])
 
     def observe(self, result: GenerateResult) -> None:
         k = result.key
