@@ -11,7 +11,7 @@ _CPU_TP_REFUSED_UP_TO = "0.42"
 def allow_cpu_tensor_parallel() -> bool:
     """Let stock diffusers 0.42.x shard a model over a CPU (gloo) mesh, as it already does over cuda/neuron/tpu ones.
 
-    diffusers refuses a CPU mesh twice (FACTS.md): `ModelMixin._resolve_parallel_config` divides the rank by
+    diffusers 0.42 refuses a CPU mesh twice: `ModelMixin._resolve_parallel_config` divides the rank by
     `torch.accelerator.device_count()`, which is 0 without an accelerator, and `apply_tensor_parallel` checks the
     mesh type against `_SUPPORTED_TP_DEVICES`, which lacks "cpu". Only the worker pool calls this, only for a CPU
     mesh, and only for diffusers <= 0.42.x; it changes nothing when an accelerator is present. Remove it once

@@ -1,64 +1,170 @@
-"""Operator settings from the environment, and the process environment set before torch loads."""
+"""Every operator setting (each an ACCELDEMO_* variable, read here and nowhere else), and the environment set
+before torch loads."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("acceldemo")
 
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-def _env_choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default)
-    if value not in accepted:
-        raise ValueError(f"{name}={value!r}: accepted values are {', '.join(accepted)}")
-    return value
+# Handed by the app to the worker processes it starts (never on their command line): the pool's secret, the app's
+# pid (ranks leave when it is gone) and the app's settings, so both sides of a pool read the same limits.
+POOL_SECRET_VARIABLE = "ACCELDEMO_POOL_AUTHKEY"
+POOL_APP_PID_VARIABLE = "ACCELDEMO_POOL_APP_PID"
+POOL_SETTINGS_VARIABLE = "ACCELDEMO_POOL_SETTINGS"
+_MEMORY_VARIABLE = re.compile(r"^ACCELDEMO_([A-Z0-9]+)_MEMORY_GB$")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What an operator can set; every field has an ACCELDEMO_* variable."""
+    """What an operator can set. Each field is read from one ACCELDEMO_* variable (or PORT) by `from_env`."""
 
+    # Embedded models and every compiler cache (inductor, NEFF, TPU, precompiled packages).
     cache_dir: Path
-    max_resident_pipelines: int
-    max_shapes_per_pipeline: int
-    model_dir: Path | None
+    # Resident pipelines per device; the least recently used idle one is evicted beyond.
+    max_resident_pipelines: int = 3
+    # Shapes per pipeline; dynamo's recompile limit is sized from it.
+    max_shapes_per_pipeline: int = 32
+    # Folder holding real models as <org>/<name>.
+    model_dir: Path | None = None
     # "auto": mode compiled on CPU/CUDA builds AOTInductor packages per shape and reuses them after restarts;
     # "off": plain torch.compile with inductor's own caches.
     precompile: str = "auto"
-    # Longest wait for a busy device before a request is answered "busy, retry".
+    # Longest wait in line for a device before a request is answered "busy, retry".
     device_wait_s: float = 600.0
-    # Requests the Gradio queue holds waiting; one more is refused at once with "queue is full".
+    # Requests waiting in the engine's line (every front end's); one more is refused at once with QueueFull.
     queue_size: int = 64
-    # Longest one worker-pool command (start, load, request) may take before the pool counts as hung and is stopped.
+    # Longest one worker-pool command (start, load, request) may take before the pool counts as hung and is stopped;
+    # the ranks' own process-group timeout is the same number.
     pool_timeout_s: float = 1800.0
     # How long /ready waits for the start-up warm-up before the app serves anyway (the warm-up itself goes on).
     warmup_timeout_s: float = 1800.0
+    # Longest a hardware probe (a child process importing the backend) may take before it counts as absent.
+    probe_timeout_s: float = 60.0
+    # Device memory per hardware, in GB, where the probe cannot read it or an operator knows better.
+    device_memory_gb: dict[str, float] = field(default_factory=dict)
+    # torch.compile backend on CPU: inductor is the real one; tests and quick demos may pick aot_eager.
+    cpu_compile_backend: str = "inductor"
+    # The model a request that names none gets (and the page shows first).
+    default_model: str = "tiny-shapes"
+    # Hosts a tensor-parallel pool spans (this one is node 0), and where the other nodes join when more than one.
+    pool_nnodes: int = 1
+    pool_rdzv_endpoint: str | None = None
+    # The server: bind address and port, compile at start (MODE:WxH,...), login for the page, token for /status.
+    host: str = "127.0.0.1"
+    port: int = 7860
+    warmup: str | None = None
+    auth: str | None = None
+    api_token: str | None = None
 
     @staticmethod
-    def from_env() -> "Settings":
+    def from_env(environ: dict[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
         default_cache = Path("/data/acceldemo") if Path("/data").is_dir() and os.access("/data", os.W_OK) \
             else Path.home() / ".cache" / "acceldemo"
-        model_dir = os.environ.get("ACCELDEMO_MODEL_DIR")
+
+        def text(name: str, default: str | None = None) -> str | None:
+            return env.get(name) or default
+
+        def number(name: str, default: float, kind=float):
+            value = env.get(name)
+            if value in (None, ""):
+                return default
+            try:
+                return kind(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not accepted: a {'whole ' if kind is int else ''}number") \
+                    from None
+
+        def choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
+            value = env.get(name) or default
+            if value not in accepted:
+                raise ValueError(f"{name}={value!r} is not accepted: accepted values are {', '.join(accepted)}")
+            return value
+
+        model_dir = text("ACCELDEMO_MODEL_DIR")
+        memory = {match[1].lower(): number(name, 0.0) for name in env if (match := _MEMORY_VARIABLE.match(name))}
         return Settings(
-            cache_dir=Path(os.environ.get("ACCELDEMO_CACHE_DIR", default_cache)),
-            max_resident_pipelines=_env_int("ACCELDEMO_MAX_RESIDENT", 3),
-            max_shapes_per_pipeline=_env_int("ACCELDEMO_MAX_SHAPES", 32),
+            cache_dir=Path(text("ACCELDEMO_CACHE_DIR", str(default_cache))),
+            max_resident_pipelines=number("ACCELDEMO_MAX_RESIDENT", 3, int),
+            max_shapes_per_pipeline=number("ACCELDEMO_MAX_SHAPES", 32, int),
             model_dir=Path(model_dir) if model_dir else None,
-            precompile=_env_choice("ACCELDEMO_PRECOMPILE", "auto", ("auto", "off")),
-            device_wait_s=float(os.environ.get("ACCELDEMO_DEVICE_WAIT_S", 600)),
-            queue_size=_env_int("ACCELDEMO_QUEUE_SIZE", 64),
-            pool_timeout_s=float(os.environ.get("ACCELDEMO_POOL_TIMEOUT_S", 1800)),
-            warmup_timeout_s=float(os.environ.get("ACCELDEMO_WARMUP_TIMEOUT_S", 1800)),
+            precompile=choice("ACCELDEMO_PRECOMPILE", "auto", ("auto", "off")),
+            device_wait_s=number("ACCELDEMO_DEVICE_WAIT_S", 600.0),
+            queue_size=number("ACCELDEMO_QUEUE_SIZE", 64, int),
+            pool_timeout_s=number("ACCELDEMO_POOL_TIMEOUT_S", 1800.0),
+            warmup_timeout_s=number("ACCELDEMO_WARMUP_TIMEOUT_S", 1800.0),
+            probe_timeout_s=number("ACCELDEMO_PROBE_TIMEOUT_S", 60.0),
+            device_memory_gb={name: gb for name, gb in memory.items() if gb > 0},
+            cpu_compile_backend=text("ACCELDEMO_CPU_COMPILE_BACKEND", "inductor"),
+            default_model=text("ACCELDEMO_DEFAULT_MODEL", "tiny-shapes"),
+            pool_nnodes=max(number("ACCELDEMO_POOL_NNODES", 1, int), 1),
+            pool_rdzv_endpoint=text("ACCELDEMO_POOL_RDZV_ENDPOINT"),
+            host=text("ACCELDEMO_HOST", "127.0.0.1"),
+            port=number("PORT", 7860, int),
+            warmup=text("ACCELDEMO_WARMUP"),
+            auth=text("ACCELDEMO_AUTH"),
+            api_token=text("ACCELDEMO_API_TOKEN"),
         )
 
+    def to_json(self) -> str:
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
 
-def apply_environment(settings: Settings) -> None:
+    @staticmethod
+    def from_json(text: str) -> "Settings":
+        values = json.loads(text)
+        paths = {"cache_dir", "model_dir"}
+        return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
+
+
+_current: Settings | None = None
+
+
+def settings() -> Settings:
+    """This process's settings: read from the environment once, or the ones `use` installed (a pool's ranks get
+    the app's)."""
+    global _current
+    if _current is None:
+        _current = Settings.from_env()
+    return _current
+
+
+def use(chosen: Settings) -> Settings:
+    """Make `chosen` this process's settings; returns the ones it replaces."""
+    global _current
+    before, _current = settings(), chosen
+    return before
+
+
+@dataclass(frozen=True)
+class PoolLaunch:
+    """What the app hands every rank of a pool it starts: the channel's secret, its own pid, its settings."""
+
+    authkey: bytes
+    app_pid: int | None
+    settings: Settings
+
+    def environment(self) -> dict[str, str]:
+        return {POOL_SECRET_VARIABLE: self.authkey.hex(), POOL_APP_PID_VARIABLE: str(self.app_pid or ""),
+                POOL_SETTINGS_VARIABLE: self.settings.to_json()}
+
+    @staticmethod
+    def take_from_environment() -> "PoolLaunch":
+        """This rank's launch, removed from the environment, so no child of a rank (compiler workers) inherits the
+        secret. A rank started by an operator on another node has none: its own host's settings then."""
+        authkey = bytes.fromhex(os.environ.pop(POOL_SECRET_VARIABLE, ""))
+        app_pid = os.environ.pop(POOL_APP_PID_VARIABLE, "")
+        given = os.environ.pop(POOL_SETTINGS_VARIABLE, "")
+        return PoolLaunch(authkey, int(app_pid) if app_pid else None,
+                          Settings.from_json(given) if given else Settings.from_env())
+
+
+def apply_environment(chosen: Settings) -> None:
     """Point every compiler cache at the app cache dir and keep a broken backend from aborting torch.
 
     Must run before the first `import torch`: torch_neuronx reads its NEFF cache dir when autoloaded.
@@ -69,7 +175,7 @@ def apply_environment(settings: Settings) -> None:
 
     for hardware in HARDWARE.values():
         for variable, folder in hardware.cache_env.items():
-            os.environ.setdefault(variable, str(settings.cache_dir / folder))
+            os.environ.setdefault(variable, str(chosen.cache_dir / folder))
     if tpu_autoload_would_abort():
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         log.warning("torch_tpu is installed without libtpu: backend autoload turned off so torch can load")

@@ -54,7 +54,16 @@ class ModelUnavailable(AcceldemoError):
 
 
 class CapacityExceeded(AcceldemoError):
-    """A limit the operator set (shapes per pipeline, queue, waiting time) would be crossed."""
+    """A limit the operator set (shapes per pipeline, waiting time) would be crossed."""
+
+
+class QueueFull(CapacityExceeded):
+    """The engine's line already holds as many waiting requests as the operator allows; nothing was started."""
+
+    def __init__(self, waiting: int, limit: int):
+        self.waiting, self.limit = waiting, limit
+        super().__init__(f"the queue is full: {waiting} request(s) are already waiting for a device "
+                         f"(ACCELDEMO_QUEUE_SIZE={limit}); try again in a moment")
 
 
 class Cancelled(AcceldemoError):
@@ -63,3 +72,13 @@ class Cancelled(AcceldemoError):
 
 class GenerationFailed(AcceldemoError):
     """The pipeline or compiler failed on a valid request; the message says where."""
+
+
+def describe_error(error: BaseException) -> str:
+    """One line a person can read: the compiler's own error rather than dynamo's wrapper around it."""
+    inner = getattr(error, "inner_exception", None)
+    prefix = "compiling failed: " if inner is not None else ""
+    error = inner or error
+    text = " ".join(str(error).split())
+    text = text.split(" Set TORCHDYNAMO_VERBOSE")[0]
+    return f"{prefix}{type(error).__name__}: {text}"[:400]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+_DEVICES = re.compile(r"^\s*([a-z][a-z0-9_]*):(\d{1,4}(?:-\d{1,4})?(?:,\d{1,4}(?:-\d{1,4})?)*)\s*$")
 
 
 @dataclass(frozen=True, order=True)
@@ -26,6 +27,41 @@ class Shape:
         return Shape(int(match[1]), int(match[2])) if match else None
 
 
+@dataclass(frozen=True, order=True)
+class DeviceSet:
+    """Devices of one hardware that one pipeline occupies, as a person writes them: `cpu:0`, `cuda:3`,
+    `neuron:0-1` (a group of NeuronCores for tensor parallelism), `cuda:0,2`."""
+
+    hardware: str
+    indices: tuple[int, ...]
+
+    def __str__(self) -> str:
+        first, last = self.indices[0], self.indices[-1]
+        if len(self.indices) > 1 and self.indices == tuple(range(first, last + 1)):
+            return f"{self.hardware}:{first}-{last}"
+        return f"{self.hardware}:{','.join(map(str, self.indices))}"
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def overlaps(self, other: "DeviceSet") -> bool:
+        return self.hardware == other.hardware and bool(set(self.indices) & set(other.indices))
+
+    @staticmethod
+    def parse(text: str) -> "DeviceSet | None":
+        """`hw:i`, `hw:i-j` or `hw:i,j,...` as a device set; None when the text is not of that form."""
+        match = _DEVICES.match(str(text))
+        if not match:
+            return None
+        indices: list[int] = []
+        for part in match[2].split(","):
+            low, _, high = part.partition("-")
+            indices.extend(range(int(low), int(high or low) + 1))
+        if not indices or len(set(indices)) != len(indices):
+            return None
+        return DeviceSet(match[1], tuple(sorted(indices)))
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One text-to-image request; None means the model's or the host's default."""
@@ -36,12 +72,16 @@ class GenerateRequest:
     mode: str = "eager"
     placement: str | None = None
     tp_size: int | None = None
+    # The size as a person types it, WIDTHxHEIGHT; when given it sets width and height.
+    resolution: Any = None
     width: Any = None
     height: Any = None
     steps: Any = None
     guidance: Any = None
     seed: Any = 0
     num_images: Any = 1
+    # A device set to run on (`cuda:1`, `neuron:0-1`); None lets the engine pick a free one.
+    device: str | None = None
 
     @property
     def shape(self) -> Shape:
@@ -50,22 +90,23 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class PipelineKey:
-    """What keeps one pipeline resident: a model on a hardware in a mode and placement."""
+    """What keeps one pipeline resident: a model on a device set in a mode and placement."""
 
     model: str
     hardware: str
     mode: str
     placement: str
     tp_size: int = 1
+    devices: DeviceSet | None = None
 
     def __str__(self) -> str:
         where = f"tp{self.tp_size}" if self.placement == "tp" else self.placement
-        return f"{self.model} · {self.hardware} · {self.mode} · {where}"
+        return f"{self.model} · {self.devices or self.hardware} · {self.mode} · {where}"
 
 
 @dataclass(frozen=True)
 class Progress:
-    """One progress event; phase is load, compile, denoise or decode (or wait for the device)."""
+    """One progress event; phase is queue (waiting in line for a device), load, compile, denoise or decode."""
 
     phase: str
     message: str
@@ -91,6 +132,8 @@ class RunOutput:
     compile_seconds: float
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    # Precompiled packages this call built, loaded or rejected as unusable (its process's store counts them).
+    package_events: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,4 +167,5 @@ class GenerateResult:
             "load_seconds": round(self.load_seconds, 4),
             "compile_seconds": round(self.compile_seconds, 4), "new_graphs": self.new_graphs,
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
+            "device": str(self.key.devices or self.key.hardware),
         }

@@ -7,8 +7,9 @@ import textwrap
 
 import pytest
 
-from acceldemo.hardware import HARDWARE, detect_all, get_hardware
-from acceldemo.hardware.base import Hardware, probe_script
+from acceldemo.hardware import HARDWARE, Availability, detect_all, get_hardware
+from acceldemo.hardware.base import GiB, Hardware, probe_script
+from acceldemo.records import DeviceSet
 from acceldemo.hardware.tpu import parse_exports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,9 +85,13 @@ def test_a_probe_that_aborts_is_a_reason_not_a_crash():
 
 
 def test_a_probe_that_hangs_times_out(monkeypatch):
-    monkeypatch.setattr("acceldemo.hardware.base.PROBE_TIMEOUT_S", 1.0)
+    import dataclasses
+
+    from acceldemo import config
+
+    monkeypatch.setattr(config, "_current", dataclasses.replace(config.settings(), probe_timeout_s=1.0))
     found = _Hanging().detect()
-    assert not found.available and "did not finish within 1 s" in found.reason
+    assert not found.available and "did not finish within 1 s (ACCELDEMO_PROBE_TIMEOUT_S)" in found.reason
 
 
 def test_a_probe_that_raises_gives_the_exception_as_reason():
@@ -121,9 +126,57 @@ def test_launcher_exports_are_parsed():
     assert parse_exports(text) == {"TPU_VISIBLE_CHIPS": "0,1", "TPU_PROCESS_BOUNDS": "1,1,1"}
 
 
-def test_neuron_rank_gets_its_core_unless_the_operator_chose(monkeypatch):
-    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
-    HARDWARE["neuron"].prepare_rank(3)
-    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "3"
-    HARDWARE["neuron"].prepare_rank(5)
-    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "3"
+def test_device_sets_are_written_as_hardware_index():
+    assert [str(DeviceSet.parse(t)) for t in ("cpu:0", "cuda:3", "neuron:0-1", "neuron:4,5,6,7", "cuda:0,2")] == \
+        ["cpu:0", "cuda:3", "neuron:0-1", "neuron:4-7", "cuda:0,2"]
+    assert [DeviceSet.parse(t) for t in ("cuda", "cuda:", "cuda:-1", "cuda:1,1", "CUDA:1", "cuda:a")] == [None] * 6
+    assert DeviceSet.parse("neuron:0-3").overlaps(DeviceSet.parse("neuron:3"))
+    assert not DeviceSet.parse("neuron:0-3").overlaps(DeviceSet.parse("cuda:0"))
+
+
+def test_each_adapter_pins_a_process_to_a_device_set_with_its_own_variable():
+    group = DeviceSet("x", (4, 5))
+    assert HARDWARE["cuda"].pin_env(group) == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert HARDWARE["neuron"].pin_env(group) == {"NEURON_RT_VISIBLE_CORES": "4-5"}
+    assert HARDWARE["tpu"].pin_env(group) == {"TPU_VISIBLE_DEVICES": "4,5"}
+    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+
+
+def test_a_neuron_rank_owns_its_core_of_the_pools_group(monkeypatch):
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")  # what the pool's pinning gave every rank
+    HARDWARE["neuron"].prepare_rank(1, DeviceSet("neuron", (4, 5, 6, 7)))
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5"
+
+
+def test_a_cpu_rank_shares_its_devices_cores_without_oversubscribing_them(monkeypatch):
+    import torch
+
+    threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    try:
+        HARDWARE["cpu"].prepare_rank(0, DeviceSet("cpu", (0,)))
+        assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == max(1, len(cores) // 2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_cpu_is_one_device_of_all_its_cores_and_tensor_parallel_ranks_share_it():
+    cpu = HARDWARE["cpu"]
+    (device,) = cpu.devices()
+    assert str(device) == "cpu:0" and device.detail.startswith("cores ") and device.memory_bytes > 0
+    assert cpu.device_sets(1) == cpu.device_sets(4) == [DeviceSet("cpu", (0,))]
+    assert cpu.in_process(DeviceSet("cpu", (0,))) and cpu.torch_device(DeviceSet("cpu", (0,))) == "cpu"
+
+
+def test_an_accelerator_lists_its_devices_and_groups_them_for_tensor_parallelism():
+    neuron = type(HARDWARE["neuron"])()
+    neuron._detected = Availability(True, "8 NeuronCores", 8, 24 * GiB)
+    assert [str(d) for d in neuron.devices()] == [f"neuron:{i}" for i in range(8)]
+    assert [str(s) for s in neuron.device_sets(4)] == ["neuron:0-3", "neuron:4-7"]
+    assert neuron.device_sets(16) == []
+    # The process drives only its own first device; others get a worker pinned to them.
+    assert neuron.in_process(DeviceSet("neuron", (0,))) and not neuron.in_process(DeviceSet("neuron", (1,)))
+    assert neuron.torch_device(DeviceSet("neuron", (0,))) == "neuron"
+    cuda = type(HARDWARE["cuda"])()
+    cuda._detected = Availability(True, "2 x H200", 2, 141 * GiB)
+    assert cuda.in_process(DeviceSet("cuda", (1,))) and cuda.torch_device(DeviceSet("cuda", (1,))) == "cuda:1"

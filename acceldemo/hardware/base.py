@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..config import settings
+from ..records import DeviceSet
+
 GiB = 1024**3
-PROBE_TIMEOUT_S = float(os.environ.get("ACCELDEMO_PROBE_TIMEOUT_S", "60"))
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,27 @@ class Availability:
     memory_bytes: int = 0  # per device
 
 
+@dataclass(frozen=True)
+class Device:
+    """One device an adapter found: `hardware:index`, its memory, and what else a person should know of it."""
+
+    hardware: str
+    index: int
+    memory_bytes: int
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.hardware}:{self.index}"
+
+
 # Modes that compile the transformer (every hardware offers both); the eager modes are each adapter's own.
 COMPILED_MODES = ("compiled", "regional")
+# What each mode means, for the notes beside the mode selector; an adapter with a mode of its own adds its note.
+MODE_NOTES = {
+    "eager": "each op runs as it is issued",
+    "compiled": "whole transformer compiled per static shape (fullgraph, dynamic=False)",
+    "regional": "the repeated transformer block compiled once and reused (compile_repeated_blocks)",
+}
 
 
 class Hardware:
@@ -36,7 +57,10 @@ class Hardware:
 
     name: ClassVar[str]
     device: ClassVar[str]
+    # Which hardware a request that names none gets: the highest found wins (cpu, always found, is 0).
+    preference: ClassVar[int] = 0
     eager_modes: ClassVar[tuple[str, ...]] = ("eager",)
+    mode_notes: ClassVar[Mapping[str, str]] = MODE_NOTES
     compile_backend: ClassVar[str]
     dist_backend: ClassVar[str]
     mesh_device_type: ClassVar[str]
@@ -48,6 +72,9 @@ class Hardware:
     package: ClassVar[str | None] = None
     # Used when the probe cannot read device memory; overridable with ACCELDEMO_<NAME>_MEMORY_GB.
     default_memory_bytes: ClassVar[int] = 0
+    # The variable that limits which devices a process sees (its value lists device indices); None where a
+    # process is pinned otherwise.
+    visible_devices_env: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self._detected: Availability | None = None
@@ -65,10 +92,38 @@ class Hardware:
             return self._detected
 
     def _with_memory_override(self, found: Availability) -> Availability:
-        override = os.environ.get(f"ACCELDEMO_{self.name.upper()}_MEMORY_GB")
+        override = settings().device_memory_gb.get(self.name)
         if not found.available or not override:
             return found
-        return Availability(True, found.reason, found.device_count, int(float(override) * GiB))
+        return Availability(True, found.reason, found.device_count, int(override * GiB))
+
+    def devices(self) -> tuple[Device, ...]:
+        """The devices found here, `hardware:0` first; none when the hardware is absent."""
+        found = self.detect()
+        return tuple(Device(self.name, i, found.memory_bytes) for i in range(found.device_count)) \
+            if found.available else ()
+
+    def device_sets(self, size: int) -> list[DeviceSet]:
+        """The disjoint groups of `size` devices one pipeline can occupy (a tensor-parallel group, or one device)."""
+        indices = [d.index for d in self.devices()]
+        return [DeviceSet(self.name, tuple(indices[i:i + size])) for i in range(0, len(indices) - size + 1, size)]
+
+    def torch_device(self, devices: DeviceSet) -> str:
+        """The torch device string of a device set's first device, for a pipeline in this process: the bare device
+        name (the process's current device, as the model recipes write it) for its first one."""
+        index = devices.indices[0]
+        return self.device if index == 0 else f"{self.device}:{index}"
+
+    def in_process(self, devices: DeviceSet) -> bool:
+        """Whether this process can drive these devices itself; otherwise a worker pinned to them does. An
+        out-of-tree backend gives a process its first visible device, so only that one is driven in-process."""
+        return devices.indices == (0,)
+
+    def pin_env(self, devices: DeviceSet) -> dict[str, str]:
+        """Environment that limits a process (and its children) to `devices`."""
+        if self.visible_devices_env is None:
+            return {}
+        return {self.visible_devices_env: ",".join(str(i) for i in devices.indices)}
 
     def _precheck(self) -> Availability | None:
         """Cheap checks done without importing torch; an Availability ends detection early."""
@@ -81,14 +136,15 @@ class Hardware:
     probe_code: ClassVar[str] = ""
 
     def _probe(self) -> Availability:
-        env = dict(os.environ)
+        limit = settings().probe_timeout_s
         try:
             done = subprocess.run(
                 [sys.executable, "-c", self.probe_code], capture_output=True, text=True,
-                timeout=PROBE_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL,
+                timeout=limit, env=dict(os.environ), stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
-            return Availability(False, f"probing {self.name} did not finish within {PROBE_TIMEOUT_S:.0f} s")
+            return Availability(False, f"probing {self.name} did not finish within {limit:.0f} s "
+                                       "(ACCELDEMO_PROBE_TIMEOUT_S)")
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -114,8 +170,9 @@ class Hardware:
         """Environment torchrun's processes need on this hardware, beyond torchrun's own."""
         return {}
 
-    def prepare_rank(self, local_rank: int) -> None:
-        """Per-rank set-up before the process group starts (e.g. which core a rank owns)."""
+    def prepare_rank(self, local_rank: int, devices: DeviceSet) -> None:
+        """Per-rank set-up before torch starts the device: the rank owns `devices.indices[local_rank]` of the
+        pool's device set (its process already sees only the set, through `pin_env`)."""
 
     def toolchain(self) -> str:
         """What compiled machine code for this hardware depends on besides the model: torch and the CPU's ISA
@@ -141,18 +198,3 @@ def probe_script(body: str) -> str:
         "except Exception as e:\n    out = {'available': False, 'reason': f'{type(e).__name__}: {e}'}\n"
         "print(json.dumps(out))\n"
     )
-
-
-@contextlib.contextmanager
-def environment(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for a block and restore them after."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -1,17 +1,20 @@
 """NVIDIA CUDA: built into torch; inductor; NCCL for tensor parallelism."""
 from __future__ import annotations
 
+from ..records import DeviceSet
 from .base import Hardware, probe_script
 
 
 class CudaHardware(Hardware):
     name = "cuda"
     device = "cuda"
+    preference = 1
     compile_backend = "inductor"
     aot_artifacts = True
     dist_backend = "nccl"
     mesh_device_type = "cuda"
     cache_env = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
     probe_code = probe_script("""
 import torch
 if torch.version.cuda is None:
@@ -23,8 +26,15 @@ p = torch.cuda.get_device_properties(0)
 return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memory_bytes': p.total_memory}
 """)
 
-    def prepare_rank(self, local_rank: int) -> None:
-        # Without this every rank of a pool would land on cuda:0.
+    def torch_device(self, devices: DeviceSet) -> str:
+        return f"cuda:{devices.indices[0]}"
+
+    def in_process(self, devices: DeviceSet) -> bool:
+        return True  # one process drives every GPU it sees, each by its index
+
+    def prepare_rank(self, local_rank: int, devices: DeviceSet) -> None:
+        # The pool sees only its own GPUs (CUDA_VISIBLE_DEVICES), renumbered from 0: without this every rank would
+        # land on the first of them.
         import torch
 
         torch.cuda.set_device(local_rank)

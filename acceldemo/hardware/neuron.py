@@ -4,17 +4,20 @@ from __future__ import annotations
 import glob
 import os
 
+from ..records import DeviceSet
 from .base import Availability, GiB, Hardware, probe_script
 
 
 class NeuronHardware(Hardware):
     name = "neuron"
     device = "neuron"
+    preference = 3
     compile_backend = "neuron"
     dist_backend = "neuron"
     mesh_device_type = "neuron"
     # Read by torch_neuronx when it loads (at `import torch` with autoload), so it is set before.
     cache_env = {"TORCH_NEURONX_NEFF_CACHE_DIR": "neff"}
+    visible_devices_env = "NEURON_RT_VISIBLE_CORES"
     package = "torch_neuronx"
     # A trn2 logical NeuronCore at LNC=2 has about 24 GiB of HBM.
     default_memory_bytes = 24 * GiB
@@ -37,6 +40,10 @@ return {'available': True, 'reason': f'{n} NeuronCores', 'device_count': n}
             return Availability(False, "no /dev/neuron* device")
         return None
 
-    def prepare_rank(self, local_rank: int) -> None:
-        # One NeuronCore per rank; an operator's explicit choice wins.
-        os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(local_rank))
+    def pin_env(self, devices: DeviceSet) -> dict[str, str]:
+        # The Neuron runtime takes a range of cores ("4-7"); our device sets are contiguous groups.
+        return {self.visible_devices_env: str(devices).partition(":")[2]}
+
+    def prepare_rank(self, local_rank: int, devices: DeviceSet) -> None:
+        # One NeuronCore per rank, read by the runtime when torch_neuronx starts the device.
+        os.environ[self.visible_devices_env] = str(devices.indices[local_rank])

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from .base import Availability, GiB, Hardware, probe_script
+from .base import MODE_NOTES, Availability, GiB, Hardware, probe_script
 
 EAGER_MODE_NAMES = {"eager": "DEFER_NEVER", "eager-fused": "DEFER_AND_FUSE"}
 
@@ -17,11 +17,16 @@ EAGER_MODE_NAMES = {"eager": "DEFER_NEVER", "eager-fused": "DEFER_AND_FUSE"}
 class TpuHardware(Hardware):
     name = "tpu"
     device = "tpu"
+    preference = 2
     eager_modes = ("eager", "eager-fused")
+    mode_notes = {**MODE_NOTES,
+                  "eager-fused": "TorchTPU defers ops and fuses them into larger graphs (EagerMode.DEFER_AND_FUSE)"}
     compile_backend = "tpu"
     dist_backend = "tpu_dist"
     mesh_device_type = "tpu"
     cache_env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "tpu"}
+    # torch-tpu 0.2.0 reads this one (it overwrites TPU_VISIBLE_CHIPS from it).
+    visible_devices_env = "TPU_VISIBLE_DEVICES"
     package = "torch_tpu"
     # v6e has 32 GiB of HBM per chip.
     default_memory_bytes = 32 * GiB

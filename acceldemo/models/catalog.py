@@ -1,9 +1,9 @@
 """The models the demo offers: pipeline class, recipe defaults, valid shapes, sizes and what can be sharded."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from ..config import settings
 from ..errors import UnknownName
 from ..records import Shape
 
@@ -52,7 +52,9 @@ class ModelSpec:
         return max(self.component_bytes.values(), default=0)
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
-        """What really makes torch.compile build a new graph for this model (FACTS.md)."""
+        """What really makes torch.compile build a new graph for this model: the image token count (packed
+        latents) or the latent size, the transformer batch (classifier-free guidance doubles it) and the text
+        length; the prompt, seed, steps and guidance value do not."""
         batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
         g = 16 if self.packed_latents else 1
         size = ((shape.width // g) * (shape.height // g),) if self.packed_latents else (shape.width, shape.height)
@@ -120,12 +122,9 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
 )}
 
-DEFAULT_MODEL = os.environ.get("ACCELDEMO_DEFAULT_MODEL", "tiny-shapes")
-
-
 def get_model(name: str | None) -> ModelSpec:
-    """The catalog entry called `name` (the default model for None); unknown names list the known ones."""
+    """The catalog entry called `name` (the operator's default model for None); unknown names list the known ones."""
     try:
-        return CATALOG[name or DEFAULT_MODEL]
+        return CATALOG[name or settings().default_model]
     except (KeyError, TypeError):
         raise UnknownName("model", name, CATALOG) from None

@@ -2,15 +2,28 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from ..config import Settings
 from ..errors import ModelUnavailable
 from .catalog import ModelSpec
 
+# Loading is not thread-safe, so pipelines for two devices of one process load one after the other. diffusers
+# replaces its module with a lazy one while it is first imported (a second thread importing it then can get the
+# half-made module: "module 'diffusers' has no attribute 'Flux2KleinPipeline'"), and transformers and accelerate
+# build models under `init_empty_weights`, which swaps torch.nn.Module's parameter registration for the whole
+# process while it runs (two loads at once can leave parameters on the meta device, for every later load too).
+_LOADING = threading.RLock()
+
 
 def model_source(spec: ModelSpec, settings: Settings) -> str:
     """Where the weights are: a local folder, or a repo id that must already be in the HF cache."""
+    with _LOADING:  # an embedded model may be built now
+        return _model_source(spec, settings)
+
+
+def _model_source(spec: ModelSpec, settings: Settings) -> str:
     if spec.bundled:
         from .shapes import trained_model_dir
 
@@ -26,14 +39,15 @@ def model_source(spec: ModelSpec, settings: Settings) -> str:
 
 def load_pipeline(spec: ModelSpec, settings: Settings, **components):
     """The model's diffusers pipeline in its recipe dtype, from local files; never downloads."""
-    import diffusers
-    import torch
-
-    pipeline_class = getattr(diffusers, spec.pipeline_class)
-    source = model_source(spec, settings)
     try:
-        return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,
-                                              **components)
+        with _LOADING:
+            import diffusers
+            import torch
+
+            source = model_source(spec, settings)
+            pipeline_class = getattr(diffusers, spec.pipeline_class)
+            return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,
+                                                  **components)
     except (OSError, EnvironmentError) as error:
         hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
         raise ModelUnavailable(

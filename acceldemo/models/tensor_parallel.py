@@ -21,7 +21,7 @@ class ShardedComponent:
 
 
 def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh) -> tuple[object, list[ShardedComponent]]:
-    """The model's pipeline with every component of `spec.tp_components` sharded over `mesh` (SPEC §1).
+    """The model's pipeline with every component of `spec.tp_components` sharded over `mesh`.
 
     diffusers models load with `parallel_config=TensorParallelConfig(mesh=mesh)`, transformers text encoders with
     their own TP plan (`DistributedConfig(tp_plan="auto")`); the rest loads whole. Placing the pipeline on the

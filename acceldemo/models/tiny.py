@@ -41,7 +41,6 @@ from transformers import (
     T5Tokenizer,
 )
 
-TINY_FAMILIES = ("flux2-klein", "flux1", "sd3", "flux2")
 # Part of the saved folder name: bump it whenever a config below changes, so that
 # folders built by an older version are never mistaken for the current model.
 TINY_BUILD_VERSION = "1"
@@ -345,6 +344,7 @@ _BUILDERS: dict[str, Callable[[], DiffusionPipeline]] = {
     "sd3": _build_sd3,
     "flux2": _build_flux2,
 }
+TINY_FAMILIES = tuple(_BUILDERS)
 
 
 def _builder(family: str) -> Callable[[], DiffusionPipeline]:
