@@ -24,15 +24,24 @@ from pathlib import Path
 
 log = logging.getLogger("acceldemo.artifacts")
 
-# This process's totals, read like dynamo's counters: "built", "loaded", "rejected", "build_seconds".
-counters: Counter = Counter()
+EVENTS = ("built", "loaded", "rejected")
 
 
 class ArtifactStore:
-    """One folder of packages; each written atomically beside a JSON file saying what it is."""
+    """One folder of packages, each written atomically beside a JSON file saying what it is; and what its owner
+    (the session manager) has seen happen to them since start."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.events: Counter = Counter()
+
+    def record(self, events: dict[str, int]) -> None:
+        """Add one call's package events (built, loaded, rejected), wherever the call ran."""
+        self.events.update({event: count for event, count in events.items() if event in EVENTS})
+
+    def counts(self) -> dict[str, int]:
+        """Packages built, loaded, and rejected as unusable since start: counts only, no disk access."""
+        return {event: self.events[event] for event in EVENTS}
 
     @classmethod
     def of(cls, settings) -> "ArtifactStore":
@@ -90,24 +99,15 @@ class ArtifactStore:
             removed.append(str(partial))
         return removed
 
-    def summary(self) -> dict:
-        """Packages on disk and this process's builds and loads (loaded ÷ (loaded + built): the restart hit rate)."""
+    def report(self, setting: str) -> dict:
+        """The store as a person reads it: the setting, packages on disk, builds and loads since start
+        (loaded ÷ (loaded + built): the restart hit rate)."""
         files = self._files()
-        done = events()
+        done = self.counts()
         reused, built = done["loaded"], done["built"]
-        return {"folder": str(self.root), "packages": len(files),
+        return {"setting": setting, "folder": str(self.root), "packages": len(files),
                 "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1), **done,
                 "hit_rate": round(reused / (reused + built), 3) if reused + built else None}
-
-
-def events() -> dict[str, int]:
-    """Packages this process built, loaded, and rejected as unusable: counts only, no disk access."""
-    return {event: counters[event] for event in ("built", "loaded", "rejected")}
-
-
-def report(settings) -> dict:
-    """The store behind mode compiled on CPU/CUDA as a person reads it: the setting, then `summary()`."""
-    return {"setting": settings.precompile, **ArtifactStore.of(settings).summary()}
 
 
 def _empty_dict(value) -> bool:
@@ -133,8 +133,10 @@ class PrecompiledTransformer:
                       "toolchain": hardware.toolchain(), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
         self.runners: dict[str, Callable] = {}
         self.warned_eager = False
-        # Set by the caller around one pipeline call: what the shape is called, and where phase changes go.
+        # Set by the caller around one pipeline call: what the shape is called, where phase changes go, and what
+        # happened to packages during it ("built", "loaded", "rejected", "build_seconds").
         self.label, self.notify = "", lambda phase, text: None
+        self.events: Counter = Counter()
 
     @classmethod
     def install(cls, pipe, store: ArtifactStore, model: str, hardware) -> "PrecompiledTransformer":
@@ -173,10 +175,10 @@ class PrecompiledTransformer:
             runner = self._open(path)
         except Exception as error:  # truncated by a crash, or built by another toolchain: build it again
             log.warning("precompiled package %s unusable (%s: %s); rebuilding", path, type(error).__name__, error)
-            counters["rejected"] += 1
+            self.events["rejected"] += 1
             path.unlink(missing_ok=True)
             return None
-        counters["loaded"] += 1
+        self.events["loaded"] += 1
         log.info("loaded %s for %s in %.2f s", path.name, self.label, time.perf_counter() - started)
         return runner
 
@@ -196,8 +198,8 @@ class PrecompiledTransformer:
             {**self.scope, "inputs": _signature(inputs), "shape": self.label})
         runner = self._open(path)
         seconds = time.perf_counter() - started
-        counters["built"] += 1
-        counters["build_seconds"] += seconds
+        self.events["built"] += 1
+        self.events["build_seconds"] += seconds
         log.info("built %s for %s in %.1f s", path.name, self.label, seconds)
         return runner
 

@@ -20,3 +20,6 @@ class Executor(Protocol):
     """Loads pipelines somewhere (this process, a torchrun pool) and hands back a handle to run them."""
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LoadedPipeline: ...
+
+    def close(self) -> None:
+        """Stop every process it started; its pipelines are gone after."""

@@ -38,6 +38,7 @@ class LocalExecutor:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.store = ArtifactStore.of(settings)
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
         hardware = get_hardware(key.hardware)
@@ -49,8 +50,11 @@ class LocalExecutor:
         pipe.set_progress_bar_config(disable=True)
         on_progress(Progress("load", f"placing on {hardware.name} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
-        store = ArtifactStore.of(self.settings) \
-            if precompiles(self.settings, hardware, key.mode, key.placement) else None
-        apply_recipe(pipe, hardware, key.mode, key.placement, store, spec.name)
+        store = self.store if precompiles(self.settings, hardware, key.mode, key.placement) else None
+        apply_recipe(pipe, hardware, key.mode, key.placement, store, spec.name, hardware.torch_device(key.devices),
+                     self.settings)
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
         return LocalPipeline(key, spec, pipe)
+
+    def close(self) -> None:
+        """Nothing of its own to stop: its pipelines are closed one by one by whoever loaded them."""

@@ -1,14 +1,16 @@
-"""The torchrun worker pool: tensor-parallel pipelines live in N rank processes, reached through rank 0.
+"""The torchrun worker pool: pipelines that live in N rank processes pinned to a device set, reached through rank 0.
 
-One pool per hardware (its ranks own that hardware's first N devices), started on the first load, holding any
-number of pipelines of one world size. The app talks to rank 0 over a Unix socket in a private directory, with a
-fresh secret per pool handed over in the environment (never argv) and checked by an HMAC handshake before anything
-is unpickled. A pool that dies or hangs fails the request at hand with a clear message and is started again by
-the next one; closing the executor, the app exiting, or the app dying (the ranks watch its pid) ends every process.
+One pool per device set (its ranks own those devices: a tensor-parallel group, or one device this process cannot
+drive itself), started on the first load, holding any number of pipelines of one world size. The app talks to
+rank 0 over a Unix socket in a private directory, with a fresh secret per pool handed over in the environment
+(never argv) and checked by an HMAC handshake before anything is unpickled. A pool that dies or hangs fails the
+request at hand with a clear message and is started again by the next one; closing the executor, the app exiting,
+or the app dying (the ranks watch its pid) ends every process.
 """
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import os
@@ -27,18 +29,17 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 
-from ..config import Settings
+from ..config import PoolLaunch, Settings
 from ..errors import GenerationFailed, UnsupportedCombination
 from ..hardware import COMPILED_MODES, Hardware, get_hardware
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
-from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
-from .worker import ENV_APP_PID, ENV_AUTHKEY, ENV_TIMEOUT, Command, RankInfo
+from ..records import DeviceSet, GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
+from .worker import Command, RankInfo
 
 log = logging.getLogger("acceldemo.pool")
 
-ENV_NODES = "ACCELDEMO_POOL_NNODES"
-ENV_RDZV_ENDPOINT = "ACCELDEMO_POOL_RDZV_ENDPOINT"
+TIMEOUT_SETTING = "ACCELDEMO_POOL_TIMEOUT_S"
 # How long a stopping pool gets to leave by itself once rank 0 has been asked (ranks and torchrun take ~2-3 s on
 # CPU), then after a SIGTERM to torchrun (which stops its ranks), before everything left is killed.
 SHUTDOWN_GRACE_S = 15.0
@@ -48,16 +49,11 @@ DEATH_REPORT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def pool_nodes() -> int:
-    """Hosts one pool spans: this one (node 0, where rank 0 serves the app) plus ACCELDEMO_POOL_NNODES - 1 more."""
-    return max(int(os.environ.get(ENV_NODES, "1")), 1)
-
-
 @dataclass(frozen=True)
 class PoolHealth:
     """One pool as the app sees it: is torchrun running, and what each rank says about itself."""
 
-    hardware: str
+    devices: DeviceSet
     world_size: int
     alive: bool
     busy: bool
@@ -65,16 +61,22 @@ class PoolHealth:
     channel: str  # rank 0's Unix socket
     ranks: tuple[RankInfo, ...]
 
+    @property
+    def hardware(self) -> str:
+        return self.devices.hardware
+
 
 class _Pool:
-    """One torchrun launch: `world_size` ranks of one hardware; rank 0 answers on a private Unix socket."""
+    """One torchrun launch: `world_size` ranks pinned to a device set; rank 0 answers on a private Unix socket."""
 
     _serial = itertools.count(1)
 
-    def __init__(self, hardware: Hardware, world_size: int, timeout_s: Callable[[], float]):
+    def __init__(self, hardware: Hardware, devices: DeviceSet, world_size: int, settings: Settings,
+                 timeout_s: Callable[[], float]):
         # Read at each command, so an operator (or a test) can change the executor's limit on a running pool.
-        self.hardware, self.world_size, self.timeout_s = hardware, world_size, timeout_s
-        self.name = f"tp{world_size} pool on {hardware.name} #{next(self._serial)}"
+        self.hardware, self.devices, self.world_size, self.timeout_s = hardware, devices, world_size, timeout_s
+        self.settings = settings
+        self.name = f"tp{world_size} pool on {devices} #{next(self._serial)}"
         self.lock = threading.Lock()
         self.pipelines: set[str] = set()
         self.ranks: tuple[RankInfo, ...] = ()
@@ -87,19 +89,22 @@ class _Pool:
     # --- life ----------------------------------------------------------------------------------------------
 
     def start(self, on_progress: ProgressCallback) -> None:
-        nodes = pool_nodes()
+        # A one-rank pool drives one device of this host; only a tensor-parallel pool spans the pool's nodes.
+        nodes = self.settings.pool_nnodes if self.world_size > 1 else 1
         per_node = self.world_size // nodes  # validation keeps tp_size a multiple of the nodes
         started = time.perf_counter()
-        on_progress(Progress("load", f"starting {self.world_size} ranks on {self.hardware.name} (torchrun)"))
-        rendezvous = _rendezvous_args(nodes)
+        on_progress(Progress("load", f"starting {self.world_size} rank(s) on {self.devices} (torchrun)"))
+        rendezvous = _rendezvous_args(nodes, self.settings.pool_rdzv_endpoint)
         authkey = secrets.token_bytes(32)
-        env = {**os.environ, **self.hardware.launcher_env(per_node), ENV_AUTHKEY: authkey.hex(),
-               ENV_APP_PID: str(os.getpid()),
+        launch = PoolLaunch(authkey, os.getpid(), self.settings)
+        env = {**os.environ, **self.hardware.launcher_env(per_node), **self.hardware.pin_env(self.devices),
+               **launch.environment(),
                "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
         self.folder = tempfile.mkdtemp(prefix="acceldemo-pool-")  # mode 0700: only this user reaches the socket
         self.address = address = os.path.join(self.folder, "rank0.sock")
         command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={per_node}",
-                   "-m", "acceldemo.executors.worker", "--hardware", self.hardware.name, "--socket", address]
+                   "-m", "acceldemo.executors.worker", "--hardware", self.hardware.name,
+                   "--devices", str(self.devices), "--socket", address]
         with open(os.path.join(self.folder, "torchrun.log"), "wb") as log_file:
             # Its own session: a Ctrl-C at the app's terminal reaches the app, which stops the pool in order.
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -122,7 +127,7 @@ class _Pool:
             if time.monotonic() > deadline:
                 self.stop()
                 raise GenerationFailed(f"the {self.name} did not come up within {self.timeout_s():.0f} s "
-                                       f"({ENV_TIMEOUT}): {self._log_tail()}")
+                                       f"({TIMEOUT_SETTING}): {self._log_tail()}")
             if os.path.exists(address):
                 try:
                     return Client(address, family="AF_UNIX", authkey=authkey)
@@ -222,7 +227,7 @@ class _Pool:
                 self.stop(polite=False)
                 raise GenerationFailed(
                     f"the {self.name} did not answer {_doing(command)} within {limit:.0f} s "
-                    f"({ENV_TIMEOUT}); it was stopped and restarts on the next request")
+                    f"({TIMEOUT_SETTING}); it was stopped and restarts on the next request")
 
     def _died(self, command: Command, seen: str) -> GenerationFailed:
         """Stop what is left and say which rank failed, as torchrun reports it once it has stopped the others."""
@@ -259,13 +264,13 @@ class PoolPipeline:
         self.sharded: list[list] = []
 
     def ensure_loaded(self, on_progress: ProgressCallback) -> _Pool:
-        pool = self.executor.pool_for(self.key.hardware, self.key.tp_size, on_progress)
+        pool = self.executor.pool_for(self.key.devices, self.key.tp_size, on_progress)
         if pool is self.pool and self.id in pool.pipelines:
             return pool
         if self.pool is not None:
             on_progress(Progress("load", f"the pool was restarted: loading {self.spec.title} again"))
         try:
-            self.sharded = pool.call(Command("load", self.id, (self.key, self.spec, self.executor.settings)),
+            self.sharded = pool.call(Command("load", self.id, (self.key, self.spec)),
                                      on_progress)
         except Exception:
             # Ranks that did load free it again, and a pool that holds nothing gives its devices back.
@@ -286,9 +291,7 @@ class PoolPipeline:
         if output_type == "pil":
             from PIL import Image
 
-            out = RunOutput(images=[Image.open(BytesIO(png)).convert("RGB") for png in out.images],
-                            seconds=out.seconds, new_graphs=out.new_graphs, compile_seconds=out.compile_seconds,
-                            compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds)
+            out = dataclasses.replace(out, images=[Image.open(BytesIO(png)).convert("RGB") for png in out.images])
         return out
 
     def close(self) -> None:
@@ -298,12 +301,13 @@ class PoolPipeline:
 
 
 class PoolExecutor:
-    """Loads pipelines into torchrun worker pools, one pool per hardware; `close()` ends them all."""
+    """Loads pipelines into torchrun worker pools, one pool per device set; `close()` ends them all."""
 
     def __init__(self, settings: Settings, timeout_s: float | None = None):
-        self.settings = settings
         self.timeout_s = timeout_s or settings.pool_timeout_s
-        self._pools: dict[str, _Pool] = {}
+        # The ranks' process-group timeout is the executor's own limit: the two sides of a pool never disagree.
+        self.settings = dataclasses.replace(settings, pool_timeout_s=self.timeout_s)
+        self._pools: dict[DeviceSet, _Pool] = {}
         self._lock = threading.Lock()
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> PoolPipeline:
@@ -314,17 +318,18 @@ class PoolExecutor:
         pipeline.ensure_loaded(on_progress)
         return pipeline
 
-    def pool_for(self, hardware: str, world_size: int, on_progress: ProgressCallback) -> _Pool:
-        """The running pool of this hardware and size, starting it (again) if there is none."""
+    def pool_for(self, devices: DeviceSet, world_size: int, on_progress: ProgressCallback) -> _Pool:
+        """The running pool on these devices with this many ranks, starting it (again) if there is none."""
         with self._lock:
-            pool = self._pools.get(hardware)
+            pool = self._pools.get(devices)
             if pool is not None and pool.alive() and pool.world_size == world_size:
                 return pool
             if pool is not None:
                 why = f"it has {pool.world_size} ranks" if pool.alive() else (pool.dead or "it exited")
                 on_progress(Progress("load", f"replacing the {pool.name} ({why})"))
                 pool.stop()
-            pool = self._pools[hardware] = _Pool(get_hardware(hardware), world_size, lambda: self.timeout_s)
+            pool = self._pools[devices] = _Pool(get_hardware(devices.hardware), devices, world_size, self.settings,
+                                                lambda: self.timeout_s)
         pool.start(on_progress)
         return pool
 
@@ -338,8 +343,8 @@ class PoolExecutor:
                 log.warning("unloading %s failed: %s", pipeline, error)
         if not pool.pipelines or not pool.alive():
             with self._lock:
-                if self._pools.get(pool.hardware.name) is pool:
-                    del self._pools[pool.hardware.name]
+                if self._pools.get(pool.devices) is pool:
+                    del self._pools[pool.devices]
             pool.stop()
 
     def health(self) -> list[PoolHealth]:
@@ -352,7 +357,7 @@ class PoolExecutor:
                     ranks = pool.ranks = tuple(pool.call(Command("status"), lambda event: None))
                 except Exception as error:
                     log.warning("health check of the %s failed: %s", pool.name, error)
-            found.append(PoolHealth(pool.hardware.name, pool.world_size, pool.alive(), busy,
+            found.append(PoolHealth(pool.devices, pool.world_size, pool.alive(), busy,
                                     pool.proc.pid if pool.proc else 0, pool.address, ranks))
         return found
 
@@ -363,14 +368,14 @@ class PoolExecutor:
             pool.stop()
 
 
-def _rendezvous_args(nodes: int) -> list[str]:
+def _rendezvous_args(nodes: int, endpoint: str | None) -> list[str]:
     if nodes == 1:
         # A private rendezvous on a free local port: several pools (or apps) never collide.
         return ["--standalone"]
-    endpoint = os.environ.get(ENV_RDZV_ENDPOINT)
     if not endpoint:
-        raise UnsupportedCombination("placement", f"{ENV_NODES}={nodes} needs {ENV_RDZV_ENDPOINT}=HOST:PORT "
-                                                  "(this host, which serves as node 0)")
+        raise UnsupportedCombination("placement", f"ACCELDEMO_POOL_NNODES={nodes} needs "
+                                                  "ACCELDEMO_POOL_RDZV_ENDPOINT=HOST:PORT (this host, which serves "
+                                                  "as node 0)")
     # torchrun's static rendezvous: this host is node 0, so global rank 0 (the app's proxy) runs here.
     return [f"--nnodes={nodes}", "--node-rank=0", f"--rdzv-endpoint={endpoint}"]
 

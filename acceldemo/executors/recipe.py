@@ -1,22 +1,29 @@
-"""The recipes of SPEC §1 applied to a loaded pipeline, and one measured pipeline call; shared by every executor."""
+"""The model recipes applied to a loaded pipeline, and one measured pipeline call; shared by every executor."""
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
 
+from .. import config
 from ..config import Settings
-from ..hardware import Hardware
+from ..hardware import COMPILED_MODES, Hardware
 from ..models.catalog import ModelSpec
 from ..records import GenerateRequest, Progress, ProgressCallback, RunOutput
-from . import artifacts
 from .artifacts import ArtifactStore, PrecompiledTransformer
 
-# Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (FACTS.md).
+# Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
+# contiguous input, later ones a strided slice).
 GRAPHS_PER_SHAPE = 4
 
 
 def size_recompile_limit(settings: Settings) -> None:
-    """Give dynamo room for every shape the app allows, so a new shape never hits the default limit of 8."""
+    """Give dynamo room for every shape the app allows, so a new shape never hits the default limit of 8.
+
+    Dynamo's limits are process-wide; every process that applies a compiled recipe sizes them from its settings.
+    """
     import torch._dynamo
 
     wanted = GRAPHS_PER_SHAPE * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines, 1)
@@ -31,9 +38,18 @@ def precompiles(settings: Settings, hardware: Hardware, mode: str, placement: st
             and hardware.aot_artifacts and hardware.compile_backend == "inductor")
 
 
+def compile_transformer(pipe, backend: str, mode: str) -> None:
+    """The recipes' compile: the whole transformer, or only its repeated block, for static shapes."""
+    if mode == "compiled":
+        pipe.transformer.compile(backend=backend, fullgraph=True, dynamic=False)
+    elif mode == "regional":
+        pipe.transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
+
+
 def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str, precompiled: ArtifactStore | None = None,
-                 model: str = "") -> None:
-    """Place the pipeline and compile its transformer exactly as the brief's recipes do.
+                 model: str = "", device: str | None = None, settings: Settings | None = None) -> None:
+    """Place the pipeline on `device` (the hardware's own device string by default) or offload it, and compile its
+    transformer as the model recipes do.
 
     With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
     of time, one package per shape (see `artifacts`).
@@ -41,55 +57,117 @@ def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str, precompile
     if placement == "offload":
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
-        pipe.to(hardware.device)
+        pipe.to(device or hardware.device)
+    if mode in COMPILED_MODES:
+        size_recompile_limit(settings or config.settings())
     if mode == "compiled" and precompiled is not None:
         PrecompiledTransformer.install(pipe, precompiled, model, hardware)
-    elif mode == "compiled":
-        pipe.transformer.compile(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
-    elif mode == "regional":
-        pipe.transformer.compile_repeated_blocks(backend=hardware.compile_backend, fullgraph=True, dynamic=False)
+    else:
+        compile_transformer(pipe, hardware.compile_backend, mode)
 
 
-@dataclass
+def pipeline_kwargs(spec: ModelSpec, request: GenerateRequest, output_type: str = "pil", **extra) -> dict:
+    """The diffusers call for a request: the same arguments wherever the pipeline runs (and in the bench)."""
+    import torch
+
+    kwargs = dict(
+        prompt=request.prompt, height=int(request.height), width=int(request.width),
+        num_inference_steps=int(request.steps), guidance_scale=float(request.guidance),
+        num_images_per_prompt=int(request.num_images),
+        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type=output_type, **extra)
+    if spec.max_sequence_length:
+        kwargs["max_sequence_length"] = spec.max_sequence_length
+    return kwargs
+
+
+class CompileGate:
+    """Lets a call that may compile run alone among this process's compiled-mode calls.
+
+    Dynamo counts graphs and compile seconds per process, not per call; with pipelines on several devices of one
+    process, two calls compiling at once would read each other's graphs. A call that may compile takes the gate
+    for itself (and a second device's first visit to a shape then finds the first one's compiled artifacts);
+    calls at shapes already compiled share it and run side by side.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._sharing = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._waiting_alone += 1
+            self._changed.wait_for(lambda: not self._alone and not self._sharing)
+            self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
+COMPILE_GATE = CompileGate()  # one per process, as dynamo's counters are
+
+
 class _CompileMeter:
-    """Graphs dynamo built and seconds it spent compiling, read from dynamo's own counters."""
+    """Graphs dynamo built and seconds it spent compiling during one call, from dynamo's own counters, plus the
+    precompiled packages the call built or loaded."""
 
-    graphs: int = 0
-    seconds: float = 0.0
-    cache_hits: int = 0
+    def __init__(self, precompiled: PrecompiledTransformer | None):
+        self.precompiled = precompiled
+        self.graphs, self.seconds, self.cache_hits = 0, 0.0, 0
+        self.package_events: dict[str, int] = {}
 
     @staticmethod
     def _read() -> tuple[int, float, int]:
         from torch._dynamo.utils import compilation_time_metrics, counters
 
         # Inductor's FX-graph cache and AOTAutograd's cache: hits mean a persistent artifact was reused.
-        # An AOTInductor package built is one whole graph; one loaded from disk is a persistent artifact reused.
-        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"] \
-            + artifacts.counters["loaded"]
-        return (counters["stats"]["unique_graphs"] + artifacts.counters["built"],
-                sum(compilation_time_metrics.get("_compile.compile_inner", ())) + artifacts.counters["build_seconds"],
+        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+        return (counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ())),
                 hits)
 
     def __enter__(self) -> "_CompileMeter":
+        if self.precompiled is not None:
+            self.precompiled.events = Counter()
         self._start = self._read()
         return self
 
     def __exit__(self, *exc) -> None:
         graphs, seconds, hits = self._read()
-        self.graphs, self.seconds, self.cache_hits = graphs - self._start[0], seconds - self._start[1], \
-            hits - self._start[2]
+        # An AOTInductor package built is one whole graph; one loaded from disk is a persistent artifact reused.
+        events = self.precompiled.events if self.precompiled is not None else Counter()
+        self.graphs = graphs - self._start[0] + events["built"]
+        self.seconds = seconds - self._start[1] + events["build_seconds"]
+        self.cache_hits = hits - self._start[2] + events["loaded"]
+        self.package_events = {event: events[event] for event in ("built", "loaded", "rejected") if events[event]}
 
 
 def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateRequest, expect_compile: bool,
-                 on_progress: ProgressCallback, cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
+                 on_progress: ProgressCallback, cancelled: Callable[[], bool] = lambda: False,
+                 output_type: str = "pil") -> RunOutput:
     """One pipeline call with progress per phase; counts the graphs it compiled.
 
     `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly.
     """
-    import torch
-
     steps = int(request.steps)
-    started = time.perf_counter()
+    started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
 
     def on_step_end(pipeline, i, t, tensors):
@@ -108,17 +186,16 @@ def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateReq
                                                                       - started))
     elif expect_compile:
         on_progress(Progress("compile", f"compiling {request.width}x{request.height} (first time for this shape)"))
-    kwargs = dict(
-        prompt=request.prompt, height=int(request.height), width=int(request.width), num_inference_steps=steps,
-        guidance_scale=float(request.guidance), num_images_per_prompt=int(request.num_images),
-        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type=output_type,
-        callback_on_step_end=on_step_end)
-    if spec.max_sequence_length:
-        kwargs["max_sequence_length"] = spec.max_sequence_length
-    with _CompileMeter() as meter, hardware.mode_context(request.mode):
+    kwargs = pipeline_kwargs(spec, request, output_type, callback_on_step_end=on_step_end)
+    # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
+    gate = contextlib.nullcontext() if request.mode not in COMPILED_MODES else \
+        COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
+    with gate, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode):
+        started = time.perf_counter()
         images = pipe(**kwargs).images
         hardware.synchronize()
     seconds = time.perf_counter() - started
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
     return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
-                     compile_cache_hits=meter.cache_hits, step_seconds=step_seconds)
+                     compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
+                     package_events=meter.package_events)

@@ -1,7 +1,8 @@
 """One rank of the tensor-parallel worker pool; rank 0 also serves the app's authenticated channel.
 
 Launched by the pool executor (or, on further nodes, by an operator) as
-`python -m torch.distributed.run --nproc_per_node=N -m acceldemo.executors.worker --hardware HW [--socket PATH]`.
+`python -m torch.distributed.run --nproc_per_node=N -m acceldemo.executors.worker --hardware HW [--devices HW:I-J]
+[--socket PATH]`.
 Rank 0 takes one `Command` at a time from the app, fans it out to every rank with `broadcast_object_list` on a
 gloo control group, runs its own share, learns every rank's outcome with `all_gather_object`, and answers:
 ("progress", Progress)*, then ("done", value) | ("failed", exception) | ("broken", message) — after "broken"
@@ -10,6 +11,7 @@ the process group is unusable and the ranks exit, so torchrun ends and the app r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import io
 import logging
@@ -25,11 +27,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..records import Progress, RunOutput, no_progress
-
-ENV_AUTHKEY = "ACCELDEMO_POOL_AUTHKEY"
-ENV_APP_PID = "ACCELDEMO_POOL_APP_PID"
-ENV_TIMEOUT = "ACCELDEMO_POOL_TIMEOUT_S"
+from ..config import PoolLaunch, Settings
+from ..errors import describe_error
+from ..records import DeviceSet, Progress, RunOutput, no_progress
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
 HEARTBEAT_S = 10.0
@@ -61,13 +61,6 @@ class RankInfo:
     sharded: dict = field(default_factory=dict)  # pipeline -> [ShardedComponent]
 
 
-def pool_timeout_s() -> float:
-    """Seconds one command (start, load, run) may take before the pool counts as hung (Settings.pool_timeout_s)."""
-    from ..config import Settings
-
-    return Settings.from_env().pool_timeout_s
-
-
 def portable_error(error: BaseException) -> BaseException:
     """The exception itself if it survives pickling (so the app sees the same type), else its text in a RuntimeError."""
     try:
@@ -75,10 +68,6 @@ def portable_error(error: BaseException) -> BaseException:
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
-
-
-def describe(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:400]
 
 
 class Channel:
@@ -105,7 +94,7 @@ class Channel:
             try:
                 self.arrivals.put(self.listener.accept())
             except (AuthenticationError, EOFError, OSError) as error:
-                log.warning("refused a client of the pool channel: %s", describe(error))
+                log.warning("refused a client of the pool channel: %s", describe_error(error))
 
     def next_command(self, wait_s: float) -> Command | None:
         """The app's next command, or None after `wait_s` without one."""
@@ -159,13 +148,13 @@ class Channel:
 class Rank:
     """What every rank holds and does: its process groups, its mesh, the pipelines it has loaded."""
 
-    def __init__(self, hardware, channel: Channel | None):
+    def __init__(self, hardware, settings: Settings, channel: Channel | None):
         import datetime
 
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
 
-        timeout = datetime.timedelta(seconds=pool_timeout_s())
+        timeout = datetime.timedelta(seconds=settings.pool_timeout_s)
         dist.init_process_group(hardware.dist_backend, timeout=timeout)
         self.dist = dist
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -174,6 +163,7 @@ class Rank:
         self.control = dist.new_group(backend="gloo", timeout=timeout)
         self.mesh = DeviceMesh(hardware.mesh_device_type, list(range(self.world_size)))
         self.hardware = hardware
+        self.settings = settings
         self.channel = channel
         self.pipelines: dict[str, tuple] = {}  # id -> (pipeline, spec)
         self.sharded: dict[str, list] = {}
@@ -190,8 +180,8 @@ class Rank:
                 value, error = self._execute(command)
                 outcomes = self._gather(self._outcome(command, value, error))
             except Exception as broken:  # the group itself failed: a peer died or the network went
-                log.error("process group broken during %s: %s", command.kind, describe(broken))
-                self.channel.send("broken", f"during {command.kind}: {describe(broken)}")
+                log.error("process group broken during %s: %s", command.kind, describe_error(broken))
+                self.channel.send("broken", f"during {command.kind}: {describe_error(broken)}")
                 return 1
             if command.kind != "heartbeat":
                 self._answer(command, value, outcomes)
@@ -243,20 +233,21 @@ class Rank:
         return self._info()
 
     def _do_load(self, command: Command) -> list:
-        from .recipe import size_recompile_limit
         from ..models.tensor_parallel import load_sharded_pipeline
         from .recipe import apply_recipe
 
-        key, spec, settings = command.args
-        size_recompile_limit(settings)
+        key, spec = command.args
         progress = self.channel.progress if self.channel else no_progress
         started = time.perf_counter()
-        progress(Progress("load", f"loading {spec.title} sharded over {self.world_size} ranks"))
-        pipe, sharded = load_sharded_pipeline(spec, settings, self.mesh)
+        progress(Progress("load", f"loading {spec.title} sharded over {self.world_size} ranks"
+                          if self.world_size > 1 else f"loading {spec.title}"))
+        pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh)
         pipe.set_progress_bar_config(disable=True)
         progress(Progress("load", f"placing on {self.hardware.name} ({key.mode}, tp{self.world_size})",
                           elapsed=time.perf_counter() - started))
-        apply_recipe(pipe, self.hardware, key.mode, key.placement)
+        # The rank sees only its own devices: the first visible one is its device.
+        apply_recipe(pipe, self.hardware, key.mode, key.placement,
+                     device=self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))), settings=self.settings)
         self.pipelines[command.pipeline] = (pipe, spec)
         self.sharded[command.pipeline] = sharded
         return sharded
@@ -272,9 +263,7 @@ class Rank:
         if self.rank != 0:
             return None  # only rank 0 answers the app
         images = [_png(image) for image in out.images] if output_type == "pil" else list(out.images)
-        return RunOutput(images=images, seconds=out.seconds, new_graphs=out.new_graphs,
-                         compile_seconds=out.compile_seconds, compile_cache_hits=out.compile_cache_hits,
-                         step_seconds=out.step_seconds)
+        return dataclasses.replace(out, images=images)
 
     def _do_unload(self, command: Command) -> None:
         self.pipelines.pop(command.pipeline, None)
@@ -306,7 +295,7 @@ class Rank:
         if failed:
             rank, error = failed[0]
             log.error("%s failed on rank(s) %s; answering with rank %d's %s", command.kind,
-                      ", ".join(str(r) for r, _ in failed), rank, describe(error))
+                      ", ".join(str(r) for r, _ in failed), rank, describe_error(error))
             self.channel.send("failed", error)
             return
         if command.kind == "load":
@@ -371,29 +360,33 @@ def _die_with_launcher() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .. import config
+    from ..hardware import get_hardware, hardware_names
+
     parser = argparse.ArgumentParser(prog="python -m acceldemo.executors.worker", description=__doc__)
-    parser.add_argument("--hardware", required=True, help="cpu, cuda, neuron or tpu")
+    parser.add_argument("--hardware", required=True, choices=hardware_names())
+    parser.add_argument("--devices", type=DeviceSet.parse,
+                        help="the devices this node's ranks own, e.g. neuron:4-7 (default: the first N)")
     parser.add_argument("--socket", help="rank 0's channel (Unix socket path); set by the app on its own node")
     args = parser.parse_args(argv)
     # Read and dropped before anything else runs, so no child of a rank (compiler workers) inherits the secret.
-    authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY, ""))
-    app_pid = os.environ.pop(ENV_APP_PID, None)
+    launch = PoolLaunch.take_from_environment()
+    config.use(launch.settings)
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     _die_with_launcher()
-    if app_pid:
-        _exit_with(int(app_pid), os.path.dirname(args.socket) if rank == 0 and args.socket else None)
-
-    from ..hardware import get_hardware
+    if launch.app_pid:
+        _exit_with(launch.app_pid, os.path.dirname(args.socket) if rank == 0 and args.socket else None)
 
     hardware = get_hardware(args.hardware)
+    devices = args.devices or DeviceSet(hardware.name, tuple(range(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
     # Before torch is imported: an adapter may choose the rank's core through the environment (Neuron).
-    hardware.prepare_rank(local_rank)
+    hardware.prepare_rank(local_rank, devices)
     hardware.activate()
-    if rank == 0 and not (args.socket and authkey):
-        parser.error(f"rank 0 needs --socket and the secret in ${ENV_AUTHKEY}")
-    channel = Channel(args.socket, authkey) if rank == 0 else None
-    worker = Rank(hardware, channel)
+    if rank == 0 and not (args.socket and launch.authkey):
+        parser.error("rank 0 needs --socket and the pool's secret from the app that starts it")
+    channel = Channel(args.socket, launch.authkey) if rank == 0 else None
+    worker = Rank(hardware, launch.settings, channel)
     log.info("rank %d of %d up (pid %d, %s)", worker.rank, worker.world_size, os.getpid(), hardware.name)
     status = worker.serve() if worker.rank == 0 else worker.follow()
     if status == 0:

@@ -1,0 +1,45 @@
+"""Where a pipeline lives, chosen from its key alone: in this process, or in a torchrun worker pool."""
+from __future__ import annotations
+
+from ..config import Settings
+from ..hardware import get_hardware
+from ..models.catalog import ModelSpec
+from ..records import PipelineKey, ProgressCallback
+from .base import Executor, LoadedPipeline
+from .local import LocalExecutor
+
+
+class RoutingExecutor:
+    """The executor the session manager is given: this process for devices it can drive itself, a worker pool
+    pinned to the key's devices for tensor parallelism and for devices only a process of their own can drive."""
+
+    def __init__(self, settings: Settings, local: Executor | None = None, pools: Executor | None = None):
+        self.settings = settings
+        self.local = local or LocalExecutor(settings)
+        self._pools = pools
+
+    def executor_for(self, key: PipelineKey) -> Executor:
+        if key.placement != "tp" and get_hardware(key.hardware).in_process(key.devices):
+            return self.local
+        return self.pools
+
+    @property
+    def pools(self) -> Executor:
+        """The pool executor, made on first use: an app that never needs a pool imports no torchrun machinery."""
+        if self._pools is None:
+            from .pool import PoolExecutor
+
+            self._pools = PoolExecutor(self.settings)
+        return self._pools
+
+    def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LoadedPipeline:
+        return self.executor_for(key).load(key, spec, on_progress)
+
+    def health(self) -> list:
+        """Every worker pool's health (none before the first pool)."""
+        return self._pools.health() if self._pools is not None else []
+
+    def close(self) -> None:
+        self.local.close()
+        if self._pools is not None:
+            self._pools.close()
