@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from . import config
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench
+from .engine import PLACEMENTS
 from .errors import AcceldemoError, InvalidRequest
+from .hardware import all_modes, hardware_names
 from .records import GenerateRequest, Progress, Shape
 
 
@@ -41,10 +45,11 @@ class TerminalProgress:
 
 def _request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="catalog model (default: the embedded tiny model); see `info`")
-    parser.add_argument("--hardware", choices=("cpu", "cuda", "neuron", "tpu"),
+    parser.add_argument("--hardware", choices=hardware_names(),
                         help="default: the first accelerator found, else cpu")
-    parser.add_argument("--mode", default="eager", choices=("eager", "eager-fused", "compiled", "regional"))
-    parser.add_argument("--placement", choices=("device", "offload", "tp"),
+    parser.add_argument("--device", help="a device (cuda:1) or group (neuron:0-1) to run on; default: any free one")
+    parser.add_argument("--mode", default="eager", choices=all_modes())
+    parser.add_argument("--placement", choices=PLACEMENTS,
                         help="default: proposed from the model size and device memory")
     parser.add_argument("--tp", type=int, dest="tp_size", help="tensor-parallel world size with --placement tp")
     parser.add_argument("--size", type=_shape, action="append", dest="sizes", metavar="WxH",
@@ -83,15 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args) -> int:
     from .engine import mode_options, propose_placement
+    from .executors.artifacts import ArtifactStore
     from .hardware import HARDWARE, detect_all
-    from .config import Settings
-    from .executors.artifacts import report
-    from .models.catalog import CATALOG, DEFAULT_MODEL
+    from .models.catalog import CATALOG
 
+    settings = config.settings()
     found = detect_all()
-    hardware = {name: {"available": a.available, "reason": a.reason, "devices": a.device_count,
-                       "memory_gb": round(a.memory_bytes / 1e9, 1), "modes": list(HARDWARE[name].modes),
-                       "compile_backend": HARDWARE[name].compile_backend, "dist_backend": HARDWARE[name].dist_backend}
+    hardware = {name: {"available": a.available, "reason": a.reason,
+                       "devices": [{"device": str(d), "memory_gb": round(d.memory_bytes / 1e9, 1), "detail": d.detail}
+                                   for d in HARDWARE[name].devices()],
+                       "modes": list(HARDWARE[name].modes), "compile_backend": HARDWARE[name].compile_backend,
+                       "dist_backend": HARDWARE[name].dist_backend}
                 for name, a in found.items()}
     models = {}
     for spec in CATALOG.values():
@@ -102,16 +109,18 @@ def cmd_info(args) -> int:
             "placement": {n: propose_placement(spec, a).__dict__ for n, a in found.items() if a.available},
             "modes": {n: {o.name: (o.ok, o.reason) for o in mode_options(spec, HARDWARE[n], None)}
                       for n, a in found.items() if a.available}}
-    packages = report(Settings.from_env())
+    packages = ArtifactStore.of(settings).report(settings.precompile)
     if args.json:
-        print(json.dumps({"hardware": hardware, "models": models, "default_model": DEFAULT_MODEL,
+        print(json.dumps({"hardware": hardware, "models": models, "default_model": settings.default_model,
                           "precompiled": packages}, indent=2))
         return 0
     print("Hardware")
     for name, h in hardware.items():
         mark = "found " if h["available"] else "absent"
         print(f"  {name:<7} {mark}  {h['reason']}" + (f"  modes: {', '.join(h['modes'])}" if h["available"] else ""))
-    print("Models" + f" (default {DEFAULT_MODEL})")
+        for device in h["devices"]:
+            print(f"    {device['device']:<9} {device['memory_gb']:>7.1f} GB  {device['detail']}".rstrip())
+    print("Models" + f" (default {settings.default_model})")
     for name, m in models.items():
         print(f"  {name:<17} {m['pipeline']:<25} {m['steps']:>2} steps, guidance {m['guidance']}, "
               f"default {m['default_size']}, presets {' '.join(m['presets'])}")
@@ -128,16 +137,30 @@ def cmd_info(args) -> int:
 def _requests(args, prompt: str = "warm-up", **extra) -> list[GenerateRequest]:
     sizes = args.sizes or [None]
     return [GenerateRequest(prompt=prompt, model=args.model, hardware=args.hardware, mode=args.mode,
-                            placement=args.placement, tp_size=args.tp_size,
+                            placement=args.placement, tp_size=args.tp_size, device=args.device,
                             width=s.width if s else None, height=s.height if s else None, **extra) for s in sizes]
+
+
+def check_output_folder(folder: Path) -> Path:
+    """The folder for the images, created now and proved writable, so no image is made only to be lost."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".acceldemo-write-check-"):
+            pass
+    except OSError as error:
+        raise InvalidRequest("out", str(folder), f"a folder this user can create and write to "
+                                                 f"({error.strerror or type(error).__name__})") from None
+    return folder
 
 
 def cmd_generate(args, manager) -> int:
     if args.repeat < 1:
         raise InvalidRequest("repeat", args.repeat, "a whole number of at least 1")
-    args.out.mkdir(parents=True, exist_ok=True)
+    requests = [manager.check(r) for r in
+                _requests(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed)]
+    check_output_folder(args.out)
     progress = TerminalProgress()
-    for request in _requests(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed):
+    for request in requests:
         for run in range(args.repeat):
             result = manager.generate(request, progress)
             r = result.request
@@ -155,7 +178,6 @@ def cmd_generate(args, manager) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .config import Settings
     from .executors.artifacts import ArtifactStore
     from .hardware import HARDWARE
 
@@ -163,7 +185,7 @@ def cmd_cache(args) -> int:
         adapter = HARDWARE.get(hardware)
         return adapter.toolchain() if adapter is not None and adapter.detect().available else None
 
-    store = ArtifactStore.of(Settings.from_env())
+    store = ArtifactStore.of(config.settings())
     removed = store.prune(here) if args.prune else []
     packages = store.packages()
     if args.json:
@@ -179,12 +201,9 @@ def cmd_cache(args) -> int:
 
 
 def cmd_warmup(args, manager) -> int:
-    from .engine.validation import check_request
-    from .models.catalog import get_model
-
-    base = _requests(args)[0]
-    shapes = args.sizes or [get_model(args.model).default_shape]
-    for record in manager.warm_up(check_request(base), shapes, TerminalProgress()):
+    base = manager.check(_requests(args)[0])
+    shapes = args.sizes or [base.shape]
+    for record in manager.warm_up(base, shapes, TerminalProgress()):
         facts = {"shape": str(record.shape), "state": record.state, "graphs": record.graphs,
                  "compile_seconds": round(record.compile_seconds, 3), "first_call_seconds": record.first_call_seconds}
         print(json.dumps(facts) if args.json else
@@ -202,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cache":
             return cmd_cache(args)
         from .engine import SessionManager
+        from .executors.routing import RoutingExecutor
 
-        manager = SessionManager()
+        settings = config.settings()
+        manager = SessionManager(settings, RoutingExecutor(settings))
         try:
             return {"generate": cmd_generate, "warmup": cmd_warmup}[args.command](args, manager)
         finally:

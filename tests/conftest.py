@@ -14,14 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from acceldemo.config import Settings  # noqa: E402
-from acceldemo.engine import SessionManager  # noqa: E402
+from tests.engines import new_manager  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def manager():
     """One manager for the session, as the app has: compiled graphs are process-wide anyway."""
-    m = SessionManager(Settings.from_env())
+    m = new_manager()
     yield m
     m.close()
 
@@ -32,8 +31,7 @@ def fresh_manager():
     made = []
 
     def make(**overrides):
-        settings = Settings.from_env()
-        m = SessionManager(type(settings)(**{**settings.__dict__, **overrides}))
+        m = new_manager(**overrides)
         made.append(m)
         return m
 

@@ -40,14 +40,14 @@ import acceldemo  # first, as app.py does: it points the compile caches at ACCEL
 import diffusers
 import numpy as np
 
-from acceldemo.engine import SessionManager
 from acceldemo.errors import AcceldemoError
 from acceldemo.hardware import HARDWARE, Availability
 from acceldemo.records import GenerateRequest
+from tests.engines import new_manager
 from tests.fakes.recipe_spies import spy_on_recipe_calls
 from tests.fakes.recording_backend import register_recording_backend
 
-manager = SessionManager()
+manager = new_manager()
 
 
 def graphs():
@@ -97,15 +97,16 @@ visit("regional", mode="regional", **klein)
 flux1 = dict(hardware="neuron", model="tiny-flux1", placement="offload")
 visit("offload eager", mode="eager", **flux1)
 visit("offload regional", mode="regional", **flux1)
-loads_before_refusal = manager.counters["loads"]
+loads_before_refusal = manager.counters()["loads"]
 visit("offload compiled", mode="compiled", **flux1)
 
-HARDWARE["neuron"].prepare_rank(3)
+from acceldemo.records import DeviceSet
+HARDWARE["neuron"].prepare_rank(3, DeviceSet("neuron", tuple(range(8, 16))))
 result = {
     "visits": visits,
     "imported_before_first_request": imported_before_first_request,
     "neff_cache_dir_at_import": sys.modules[PACKAGE].NEFF_CACHE_DIR_AT_IMPORT,
-    "loads_for_refused_request": manager.counters["loads"] - loads_before_refusal,
+    "loads_for_refused_request": manager.counters()["loads"] - loads_before_refusal,
     "visible_cores_of_rank_3": os.environ.get("NEURON_RT_VISIBLE_CORES"),
 }
 """
@@ -268,8 +269,8 @@ def test_neuron_compiled_mode_with_offload_is_refused_before_anything_loads(on_n
     assert refused["calls"]["compile"] == [] and refused["calls"]["offload"] == []
 
 
-def test_neuron_rank_owns_the_core_of_its_local_rank(on_neuron):
-    assert on_neuron["visible_cores_of_rank_3"] == "3"
+def test_neuron_rank_owns_the_core_of_its_local_rank_in_its_pools_group(on_neuron):
+    assert on_neuron["visible_cores_of_rank_3"] == "11"  # local rank 3 of a pool on neuron:8-15
 
 
 # --- TPU -----------------------------------------------------------------------------------------

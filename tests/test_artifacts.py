@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from acceldemo.executors import artifacts
 from acceldemo.executors.artifacts import ArtifactStore
 
 
@@ -39,14 +38,16 @@ def test_a_failed_build_leaves_no_package_behind(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, target.with_suffix(".json").name])
 
 
-def test_summary_counts_packages_and_the_hit_rate(tmp_path, monkeypatch):
+def test_the_report_counts_packages_and_the_hit_rate(tmp_path):
     store = ArtifactStore(tmp_path)
-    assert store.summary()["packages"] == 0
+    assert store.report("auto")["packages"] == 0
     store.save(store.path("m", "cpu", {"i": 1}), lambda p: open(p, "wb").write(b"x" * 2**20), {})
-    monkeypatch.setattr(artifacts, "counters", artifacts.Counter(built=1, loaded=3))
-    summary = store.summary()
+    store.record({"built": 1})
+    store.record({"loaded": 3, "ignored": 9})
+    summary = store.report("auto")
     assert (summary["packages"], summary["megabytes"], summary["built"], summary["loaded"], summary["hit_rate"]) == \
         (1, 1.0, 1, 3, 0.75)
+    assert ArtifactStore(tmp_path).counts() == {"built": 0, "loaded": 0, "rejected": 0}  # counts are the owner's
 
 
 def test_the_manager_reports_the_store(fresh_manager):
@@ -76,15 +77,13 @@ def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_i
 
     pipe, call = pipeline_and_call()
     eager = call()
-    before = dict(artifacts.counters)
     apply_recipe(pipe, cpu, "compiled", "device", store, spec.name)
     assert np.abs(call() - eager).max() < 1e-4
-    assert artifacts.counters["built"] - before.get("built", 0) == 1
+    assert pipe.transformer.forward.events["built"] == 1
     again, call_again = pipeline_and_call()
     apply_recipe(again, cpu, "compiled", "device", store, spec.name)
     assert np.abs(call_again() - eager).max() < 1e-4
-    assert artifacts.counters["built"] - before.get("built", 0) == 1
-    assert artifacts.counters["loaded"] - before.get("loaded", 0) == 1
+    assert (again.transformer.forward.events["built"], again.transformer.forward.events["loaded"]) == (0, 1)
 
 
 def test_the_page_says_what_the_store_holds():
@@ -119,12 +118,11 @@ def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(t
         pipe(prompt="a red circle", height=64, width=64, num_inference_steps=1)
     del pipe.transformer.forward
     expected = pipe.transformer(**seen)[0]
-    before = dict(artifacts.counters)
     stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(tmp_path), "tiny-flux2-klein", get_hardware("cpu"))
     with torch.no_grad():
         got = pipe.transformer(**{**seen, "joint_attention_kwargs": {"note": "not in a package"}})[0]
     assert torch.equal(got, expected) and stand_in.warned_eager
-    assert artifacts.counters["built"] == before.get("built", 0) and not list(tmp_path.rglob("*.pt2"))
+    assert stand_in.events["built"] == 0 and not list(tmp_path.rglob("*.pt2"))
 
 
 def _fake_package(store: ArtifactStore, toolchain: str | None, inputs: str, hardware: str = "cpu"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from acceldemo.ui.page import NOTHING_TO_STOP, SERIES_COLORS, STOPPED
+from acceldemo.ui.page import NOTHING_TO_STOP, STOPPED, series_colors
 
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by scripts/test.sh")
 CHROMIUM = "/usr/bin/chromium"
@@ -94,12 +94,12 @@ def test_latency_chart_draws_every_point_in_its_series_colour(page):
         assert time.time() < deadline, chart_points(page)
         page.wait_for_timeout(250)
     points = chart_points(page)
-    assert [colour for _, colour in points] == [SERIES_COLORS[label.split("series: ")[1]] for label, _ in points]
+    assert [colour for _, colour in points] == [series_colors()[label.split("series: ")[1]] for label, _ in points]
 
 
 def cancelled_jobs(server) -> int:
     with urllib.request.urlopen(server + "/status", timeout=10) as response:
-        return json.load(response)["counters"].get("cancelled", 0)
+        return json.load(response)["counters"]["requests"]["cancelled"]
 
 
 def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
@@ -121,7 +121,7 @@ def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
     assert "64x64" in result[-1] and "steps 4" in result[-1]
     assert page.locator("#image img").evaluate("img => img.naturalWidth") == 64
     with urllib.request.urlopen(server + "/metrics", timeout=10) as response:
-        assert 'acceldemo_requests_total{outcome="cancelled"}' in response.read().decode()
+        assert 'acceldemo_requests_total{kind="generate",outcome="cancelled"}' in response.read().decode()
     page.locator("#stop").click()  # with nothing running
     page.locator("#facts").get_by_text(NOTHING_TO_STOP).wait_for(timeout=10_000)
 

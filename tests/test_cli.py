@@ -68,6 +68,17 @@ def test_a_bad_request_is_one_clear_line_and_exit_2():
     assert done.returncode == 2 and "torch_neuronx is not installed" in done.stderr
 
 
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_image_is_made(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = cli("generate", "--prompt", "a red circle", "--out", str(blocker / "images"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "loading" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: out='/") and line.endswith(
+        "is not accepted: a folder this user can create and write to (Not a directory)")
+    assert done.stdout == ""
+
+
 def _pixels(path):
     import numpy as np
 

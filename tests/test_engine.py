@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from acceldemo.engine import SessionManager
 from acceldemo.errors import CapacityExceeded, GenerationFailed
 from acceldemo.records import GenerateRequest, Shape
+from tests.engines import new_manager
 
 
 def compiled(**kw) -> GenerateRequest:
@@ -63,7 +63,7 @@ def test_progress_tells_load_compile_steps_and_decode_apart(fresh_manager):
     events = []
     fresh_manager().generate(compiled(width=64, height=144, steps=3), events.append)
     phases = [e.phase for e in events]
-    assert phases[0] == "load"
+    assert (phases[0], events[0].message) == ("queue", "running on cpu:0") and phases[1] == "load"
     assert phases.index("compile") < phases.index("denoise") < phases.index("decode")
     assert [(e.step, e.total) for e in events if e.phase == "denoise"] == [(1, 3), (2, 3), (3, 3)]
     assert "compiling 64x144 (first time for this shape)" in [e.message for e in events]
@@ -89,9 +89,9 @@ def test_least_recently_used_pipeline_is_evicted_and_shown(fresh_manager):
     m.generate(GenerateRequest(prompt="two", hardware="cpu", model="tiny-sd3"))
     resident = {p.key.model: p.resident for p in m.status()}
     assert resident == {"tiny-flux1": False, "tiny-sd3": True}
-    assert m.counters["evictions"] == 1 and m.evictions[0][1].model == "tiny-flux1"
+    assert m.counters()["evictions"] == 1 and m.evictions[0][1].model == "tiny-flux1"
     again = m.generate(GenerateRequest(prompt="one", hardware="cpu", model="tiny-flux1"))
-    assert again.load_seconds > 0 and m.counters["loads"] == 3
+    assert again.load_seconds > 0 and m.counters()["loads"] == 3
 
 
 def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
@@ -122,7 +122,8 @@ def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
     spans.sort()
     assert len(spans) == 4
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
-    assert any(e.phase == "wait" for e in events) and m.queue_depth() == 0
+    places = [e.message for e in events if e.phase == "queue" and e.message.endswith("in line for cpu:0")]
+    assert {"1st in line for cpu:0", "2nd in line for cpu:0"} <= set(places) and m.queue_depth() == 0
 
 
 def test_shape_capacity_is_an_error_not_a_crash(fresh_manager):
@@ -193,7 +194,7 @@ def test_manager_serves_again_after_errors(manager):
 
 def test_new_manager_instance_reuses_dynamo_graphs_of_the_process():
     # dynamo's cache is per code object, so a second manager (or a reload) compiles nothing new.
-    m = SessionManager()
+    m = new_manager()
     try:
         m.generate(compiled(width=208, height=64))
         assert m.generate(compiled(width=208, height=64)).new_graphs == 0

@@ -28,7 +28,7 @@ from acceldemo.executors.pool import PoolExecutor, _root_cause
 from acceldemo.executors.recipe import run_pipeline
 from acceldemo.hardware import get_hardware
 from acceldemo.models.catalog import get_model
-from acceldemo.records import GenerateRequest, PipelineKey, RunOutput, no_progress
+from acceldemo.records import DeviceSet, GenerateRequest, PipelineKey, RunOutput, no_progress
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,11 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 def tp_request(model: str = "tiny-flux2-klein", **kw) -> GenerateRequest:
     return check_request(GenerateRequest(**{
         "prompt": "a red circle on a blue background", "model": model, "hardware": "cpu", "placement": "tp",
-        "tp_size": 2, "width": 64, "height": 64, **kw}))
+        "tp_size": 2, "width": 64, "height": 64, **kw}), Settings.from_env())
 
 
 def key_of(request: GenerateRequest) -> PipelineKey:
-    return PipelineKey(request.model, request.hardware, request.mode, request.placement, request.tp_size)
+    return PipelineKey(request.model, request.hardware, request.mode, request.placement, request.tp_size,
+                       DeviceSet("cpu", (0,)))
 
 
 def one_process_image(request: GenerateRequest) -> np.ndarray:
@@ -119,7 +120,7 @@ def test_after_a_pool_restart_a_compiled_pipeline_announces_its_compile_again():
     class FakeExecutor:
         settings, pool = None, FakePool()
 
-        def pool_for(self, hardware, tp_size, on_progress):
+        def pool_for(self, devices, tp_size, on_progress):
             return self.pool
 
     executor = FakeExecutor()
@@ -201,7 +202,7 @@ def test_sharded_flux2_klein_image_equals_the_one_process_image(klein):
         assert {c.name for c in rank} == {"transformer", "text_encoder"}
         assert all(0 < c.sharded < c.parameters for c in rank)
     messages = [e.message for e in klein.load_events]
-    assert "starting 2 ranks on cpu (torchrun)" in messages
+    assert "starting 2 rank(s) on cpu:0 (torchrun)" in messages
     assert any(m.startswith("rank 1 loaded: transformer") for m in messages)
     assert {e.phase for e in klein.load_events} == {"load"}
 
@@ -290,7 +291,7 @@ def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothin
     request = GenerateRequest(prompt="a red circle on a blue background", model="tiny-flux2-klein", hardware="cpu",
                               placement="tp", tp_size=2, width=128, height=128, steps=50)
     first = manager.generate(request)
-    executor = manager.executor_for(first.key)
+    executor = manager.executor.executor_for(first.key)
     channels = [executor.health()[0].channel]
 
     def signal_rank_1_at_step_2(sig):
@@ -352,7 +353,8 @@ import sys, time
 from acceldemo.config import Settings
 from acceldemo.executors.pool import PoolExecutor
 executor = PoolExecutor(Settings.from_env(), timeout_s=120)
-executor.pool_for("cpu", 2, lambda event: None)
+from acceldemo.records import DeviceSet
+executor.pool_for(DeviceSet("cpu", (0,)), 2, lambda event: None)
 print(executor.health()[0].channel, flush=True)
 time.sleep(600)
 """

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from acceldemo.errors import Cancelled, CapacityExceeded
-from acceldemo.records import GenerateRequest
+from acceldemo.records import DeviceSet, GenerateRequest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ def test_stop_ends_the_job_at_the_next_step_and_frees_the_device(fresh_manager):
             steps_seen.append(event.step)
             stop.set()
 
-    with pytest.raises(Cancelled, match="stopped at 64x64 after 1 of 20 steps; cpu is free"):
+    with pytest.raises(Cancelled, match="stopped at 64x64 after 1 of 20 steps; cpu:0 is free"):
         m.generate(GenerateRequest(prompt="x", hardware="cpu", steps=20), on_progress, cancelled=stop.is_set)
     assert steps_seen == [1]
     assert m.generate(GenerateRequest(prompt="x", hardware="cpu")).image.size == (64, 64)
@@ -37,13 +37,13 @@ def test_stop_ends_the_job_at_the_next_step_and_frees_the_device(fresh_manager):
 
 def test_a_device_busy_past_the_wait_limit_answers_busy_retry(fresh_manager):
     m = fresh_manager(device_wait_s=0.2)
-    m._device_locks["cpu"].acquire()  # another job holds the device
+    holder = m.line.enter("another job", [DeviceSet("cpu", (0,))])  # another job holds the device
     try:
-        with pytest.raises(CapacityExceeded, match="cpu stayed busy for 0 s .*retry"):
+        with pytest.raises(CapacityExceeded, match="cpu:0 stayed busy for 0 s .*retry"):
             m.generate(GenerateRequest(prompt="x", hardware="cpu"))
     finally:
-        m._device_locks["cpu"].release()
-    assert m.queue_depth() == 0
+        m.line.release(holder)
+    assert m.queue_depth() == 0 and m.counters()["requests"]["refused"] == 1
     assert m.generate(GenerateRequest(prompt="x", hardware="cpu")).image.size == (64, 64)
 
 
@@ -228,9 +228,8 @@ def test_no_model_is_ever_loaded_with_remote_code():
 
 
 def test_every_wait_limit_is_an_operator_setting_with_a_default(monkeypatch):
-    from acceldemo.config import Settings
+    from acceldemo.config import PoolLaunch, Settings
     from acceldemo.executors.pool import PoolExecutor
-    from acceldemo.executors.worker import pool_timeout_s
 
     limits = {"ACCELDEMO_QUEUE_SIZE": ("queue_size", 64), "ACCELDEMO_DEVICE_WAIT_S": ("device_wait_s", 600),
               "ACCELDEMO_POOL_TIMEOUT_S": ("pool_timeout_s", 1800),
@@ -242,7 +241,12 @@ def test_every_wait_limit_is_an_operator_setting_with_a_default(monkeypatch):
         monkeypatch.setenv(variable, str(i))
     settings = Settings.from_env()
     assert [getattr(settings, field) for field, _ in limits.values()] == [1, 2, 3, 4]
-    assert PoolExecutor(settings).timeout_s == 3 and pool_timeout_s() == 3  # the app's side and the ranks' side
+    executor = PoolExecutor(settings, timeout_s=5)
+    # The ranks get the app's settings explicitly, the executor's own limit included: the two sides agree.
+    for variable, value in {**PoolLaunch(b"k", 1, executor.settings).environment(),
+                            "ACCELDEMO_POOL_TIMEOUT_S": "999"}.items():
+        monkeypatch.setenv(variable, value)
+    assert executor.timeout_s == 5 and PoolLaunch.take_from_environment().settings.pool_timeout_s == 5
 
 
 def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_manager):
@@ -276,41 +280,64 @@ def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_
         assert done == {"ready": True, "warmup": "done: 64x64 ready"}
 
 
-@pytest.mark.slow
-def test_a_full_queue_refuses_at_once_with_queue_is_full_and_the_app_serves_on(monkeypatch):
+def test_page_and_engine_callers_share_one_line_and_one_set_of_counters(fresh_manager):
+    # A queue of 2 while a job holds the only device: of 6 requests sent at once, 3 through the page's API
+    # (gradio_client) and 3 straight to the engine, exactly 2 wait and 4 are refused with QueueFull.
     from gradio_client import Client
-    from gradio_client.utils import QueueError
 
-    from acceldemo.bench.serving import AppServer
+    from acceldemo.errors import QueueFull
+    from acceldemo.ui.server import create_app
+    from tests.engines import serving
 
-    monkeypatch.setenv("ACCELDEMO_QUEUE_SIZE", "2")
-    app = AppServer(warmup="eager:64x64")
-    try:
-        url = app.ready() + "/"
-        asking = 8  # one running + 2 waiting fit; the rest arrive while the first still runs (100 steps)
-        clients = [Client(url, verbose=False) for _ in range(asking)]
-        start = threading.Barrier(asking)
+    m = fresh_manager(queue_size=2)
+    holding, release = threading.Event(), threading.Event()
 
-        def ask(i):
+    def hold_the_device(event):
+        if event.phase == "denoise":
+            holding.set()
+            release.wait(120)
+
+    blocker = threading.Thread(target=m.generate, args=(GenerateRequest(prompt="first", hardware="cpu", steps=1),
+                                                        hold_the_device))
+    with serving(create_app(m)) as url:
+        client = Client(url + "/", verbose=False)
+        blocker.start()
+        assert holding.wait(120)
+        start = threading.Barrier(6)
+
+        def through_the_page(seed):
             start.wait()
-            asked = time.monotonic()
             try:
-                _, _, facts = clients[i].predict("a slow one", "tiny-flux2-klein", "cpu", "eager", "auto", 2,
-                                                 "256x256", 100, 1.0, i, api_name="/generate")
-                return "done", facts["seed"] == i, time.monotonic() - asked
-            except QueueError as error:
-                return "refused", str(error), time.monotonic() - asked
+                return "ok", client.predict("a red circle", "tiny-flux2-klein", "cpu", "eager", "auto", 2, "64x64",
+                                            1, 1.0, seed, api_name="/generate")[2]["seed"]
+            except Exception as error:
+                return "refused", str(error)
 
-        with ThreadPoolExecutor(asking) as pool:
-            outcomes = list(pool.map(ask, range(asking)))
-        done = [(own_seed, s) for kind, own_seed, s in outcomes if kind == "done"]
-        refused = [(text, s) for kind, text, s in outcomes if kind == "refused"]
-        assert done and all(own_seed for own_seed, _ in done)
-        assert refused and {text for text, _ in refused} == {"Queue is full! Please try again."}, outcomes
-        assert max(s for _, s in refused) < min(s for _, s in done)  # refused at once, not after a wait
-        _, _, facts = clients[0].predict("after the rush", "tiny-flux2-klein", "cpu", "eager", "auto", 2, "64x64",
-                                         2, 1.0, 7, api_name="/generate")
-        assert facts["seed"] == 7
-        print(f"queue of 2: {len(done)} of {asking} simultaneous requests served, {len(refused)} refused")
-    finally:
-        app.close()
+        def straight_to_the_engine(seed):
+            start.wait()
+            try:
+                return "ok", m.generate(GenerateRequest(prompt="a red circle", hardware="cpu", steps=1,
+                                                        seed=seed)).request.seed
+            except QueueFull as error:
+                return "refused", str(error)
+
+        with ThreadPoolExecutor(6) as pool:
+            asked = [pool.submit(through_the_page if i % 2 else straight_to_the_engine, i) for i in range(6)]
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in asked) < 4 or m.queue_depth() < 2:
+                assert time.monotonic() < deadline, ([f.done() for f in asked], m.queue_depth())
+                time.sleep(0.05)
+            assert m.queue_depth() == 2 and sum(f.done() for f in asked) == 4  # the refused answered at once
+            release.set()
+            outcomes = [f.result() for f in asked]
+        blocker.join(60)
+        refused = [text for kind, text in outcomes if kind == "refused"]
+        assert len(refused) == 4 and sum(kind == "ok" for kind, _ in outcomes) == 2, outcomes
+        assert all("the queue is full: 2 request(s) are already waiting for a device (ACCELDEMO_QUEUE_SIZE=2)"
+                   in text for text in refused), refused
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        assert 'acceldemo_requests_total{kind="generate",outcome="ok"} 3.0' in metrics
+        assert 'acceldemo_requests_total{kind="generate",outcome="refused"} 4.0' in metrics
+        status = json.loads(urllib.request.urlopen(url + "/status", timeout=10).read())
+        assert status["counters"]["requests"] == {"ok": 3, "invalid": 0, "refused": 4, "cancelled": 0, "failed": 0}
+        assert status["queue_depth"] == 0

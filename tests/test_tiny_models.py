@@ -21,7 +21,7 @@ PIPELINE_CLASSES = {
     "sd3": "StableDiffusion3Pipeline",
     "flux2": "Flux2Pipeline",
 }
-# The guidance each family's reference recipe uses (SPEC.md); for SD3 it turns CFG on.
+# The guidance each family's reference recipe uses (the catalog's real models); for SD3 it turns CFG on.
 GUIDANCE = {"flux2-klein": 1.0, "flux1": 0.0, "sd3": 4.5, "flux2": 4.0}
 FLUX_FAMILIES = ("flux2-klein", "flux1", "flux2")
 # Multiples of 16 with odd packed-latent sides (80 px -> 5 patches), non-square, and the 512 px maximum.

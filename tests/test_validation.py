@@ -1,12 +1,18 @@
 """Every invalid request gets a typed error naming the field and what is accepted."""
 import pytest
 
-from acceldemo.engine import check_request, mode_options, propose_placement
+from acceldemo.config import Settings
+from acceldemo.engine import mode_options, propose_placement
+from acceldemo.engine.validation import check_request as check_with
 from acceldemo.errors import HardwareUnavailable, InvalidRequest, UnknownName, UnsupportedCombination
 from acceldemo.hardware import Availability, get_hardware
 from acceldemo.hardware.base import GiB
 from acceldemo.models.catalog import CATALOG
 from acceldemo.records import GenerateRequest
+
+
+def check_request(request: GenerateRequest) -> GenerateRequest:
+    return check_with(request, Settings.from_env())
 
 
 def req(**kw) -> GenerateRequest:

@@ -14,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     level.add_argument("--quick", action="store_true",
                        help="fewer runs, aot_eager in-process (about 2 minutes on 2 shared CPU cores)")
     level.add_argument("--smoke", action="store_true", help="every section once, fewest runs: checks, not figures")
-    parser.add_argument("--hardware", default="cpu", choices=("cpu", "cuda", "neuron", "tpu"))
+    from ..hardware import hardware_names
+
+    parser.add_argument("--hardware", default="cpu", choices=hardware_names())
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="folder for bench.json, bench.md and bench.png (default bench-results/)")
     parser.add_argument("--sections", default=",".join(SECTIONS), metavar="NAME,...",

@@ -38,10 +38,12 @@ class WarmPools:
             thread.start()
 
     def _start(self, size: int) -> None:
+        from ..hardware import get_hardware
         from ..models.catalog import get_model
 
         request = self.request
-        key = PipelineKey(request.model, request.hardware, request.mode, "tp", size)
+        key = PipelineKey(request.model, request.hardware, request.mode, "tp", size,
+                          get_hardware(request.hardware).device_sets(size)[0])
         sharded = replace(request, placement="tp", tp_size=size)
         try:
             loaded = self.executors[size].load(key, get_model(request.model), no_progress)

@@ -28,23 +28,23 @@ def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
     started = time.perf_counter()
     import diffusers
 
-    from ..engine import SessionManager, parse_resolution
+    from .. import config
+    from ..engine import SessionManager
+    from ..executors.routing import RoutingExecutor
     from ..models.catalog import get_model
     from ..records import GenerateRequest
 
     # Imports cost the same with or without caches: resolve the pipeline's lazy imports before the clock starts.
     getattr(diffusers, get_model(model).pipeline_class)
     imported = time.perf_counter()
-    shape = parse_resolution(size)
-    manager = SessionManager()
+    manager = SessionManager(config.settings(), RoutingExecutor(config.settings()))
     try:
         result = manager.generate(GenerateRequest(prompt="restart", model=model, hardware=hardware, mode=mode,
-                                                  width=shape.width, height=shape.height))
+                                                  resolution=size))
+        packages_loaded = manager.package_events()["loaded"]
     finally:
         manager.close()
     from torch._dynamo.utils import compilation_time_metrics
-
-    from ..executors import artifacts
 
     def spent(phase: str) -> float:
         return sum(compilation_time_metrics.get(phase, ()))
@@ -54,7 +54,7 @@ def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
     return {"import_s": imported - started, "first_image_s": time.perf_counter() - imported,
             "load_s": result.load_seconds, "compile_s": result.compile_seconds, "new_graphs": result.new_graphs,
             "compile_cache_hits": result.compile_cache_hits, "dynamo_trace_s": spent("bytecode_tracing"),
-            "backend_s": spent("OutputGraph.call_user_compiler"), "packages_loaded": artifacts.counters["loaded"]}
+            "backend_s": spent("OutputGraph.call_user_compiler"), "packages_loaded": packages_loaded}
 
 
 def _run_child(cache_dir: Path, model: str, hardware: str, mode: str, backend: str, size: str,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import sys
@@ -97,14 +98,16 @@ def compile_backend(hardware, backend: str) -> Iterator[None]:
 
     Accelerator adapters keep their own backend: theirs is the only one their device runs.
     """
+    from .. import config
+
     if hardware.name != "cpu" or backend == hardware.compile_backend:
         yield
         return
-    hardware.compile_backend = backend  # an instance attribute shadows the adapter's class attribute
+    before = config.use(dataclasses.replace(config.settings(), cpu_compile_backend=backend))
     try:
         yield
     finally:
-        del hardware.compile_backend
+        config.use(before)
 
 
 class _RecordingExecutor:
@@ -119,6 +122,9 @@ class _RecordingExecutor:
         self.loaded[key] = loaded
         return loaded
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 class InProcessBench:
     """One session manager of this process and the requests every in-process section sends it."""
@@ -126,16 +132,17 @@ class InProcessBench:
     def __init__(self, options: BenchOptions):
         import torch
 
-        from ..config import Settings
+        from .. import config
         from ..engine import SessionManager
         from ..executors.local import LocalExecutor
+        from ..executors.routing import RoutingExecutor
         from ..hardware import get_hardware
 
         self.options, self.plan = options, options.plan
         self.hardware = get_hardware(options.hardware)
-        settings = Settings.from_env()
+        settings = config.settings()
         self.executor = _RecordingExecutor(LocalExecutor(settings))
-        self.manager = SessionManager(settings, executor=self.executor)
+        self.manager = SessionManager(settings, RoutingExecutor(settings, local=self.executor))
         # On a shared CPU host other processes' time slices fall into wall time at random; with one torch thread,
         # this process's CPU seconds are the call's own work. Accelerators run asynchronously: wall time there.
         self.cpu_seconds = self.hardware.name == "cpu" and torch.get_num_threads() == 1
@@ -145,9 +152,7 @@ class InProcessBench:
         self.pools = None
 
     def request(self, mode: str, shape: Shape, **extra) -> GenerateRequest:
-        from ..engine import check_request
-
-        return check_request(GenerateRequest(prompt=PROMPT, model=MODEL, hardware=self.options.hardware, mode=mode,
+        return self.manager.check(GenerateRequest(prompt=PROMPT, model=MODEL, hardware=self.options.hardware, mode=mode,
                                              placement="device", width=shape.width, height=shape.height, **extra))
 
     def timed(self, request: GenerateRequest, wall: bool = False) -> float:
@@ -159,8 +164,7 @@ class InProcessBench:
 
     def bare_call(self, request: GenerateRequest) -> Callable[[], float]:
         """The same call straight into diffusers, on the manager's own pipeline object: no manager, no progress."""
-        import torch
-
+        from ..executors.recipe import pipeline_kwargs
         from ..models.catalog import get_model
 
         self.manager.generate(request)  # loads (and compiles) the pipeline if it is not yet
@@ -170,10 +174,7 @@ class InProcessBench:
         def call() -> float:
             started = self.clock()
             with self.hardware.mode_context(request.mode):
-                pipe(prompt=request.prompt, height=request.height, width=request.width,
-                     num_inference_steps=request.steps, guidance_scale=request.guidance,
-                     num_images_per_prompt=request.num_images, max_sequence_length=spec.max_sequence_length,
-                     generator=torch.Generator("cpu").manual_seed(request.seed), output_type="pil")
+                pipe(**pipeline_kwargs(spec, request))
                 self.hardware.synchronize()
             return self.clock() - started
 
@@ -262,25 +263,26 @@ def regional_vs_whole(bench: InProcessBench) -> list[Figure]:
     import torch._inductor.config
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    from ..executors.recipe import compile_transformer, pipeline_kwargs
+    from ..models.catalog import get_model
     from .deep import DEEP_DOUBLE_BLOCKS, DEEP_SINGLE_BLOCKS, build_deep_flux2_klein
 
     hardware, plan = bench.hardware, bench.plan
     backend = hardware.compile_backend
     shape = Shape(64, 64)
 
+    request = bench.request("eager", shape)  # the deep model's call: the tiny model's prompt, size and steps
+    spec = get_model(request.model)
+
     def call(pipe) -> float:
         started = bench.clock()
-        pipe(prompt=PROMPT, height=shape.height, width=shape.width, num_inference_steps=4, guidance_scale=1.0,
-             max_sequence_length=64, generator=torch.Generator("cpu").manual_seed(0), output_type="np")
+        pipe(**pipeline_kwargs(spec, request, output_type="np"))
         hardware.synchronize()
         return bench.clock() - started
 
     def compiled_pipe(how: str):
         pipe = build_deep_flux2_klein().to(hardware.device)
-        if how == "whole":
-            pipe.transformer.compile(backend=backend, fullgraph=True, dynamic=False)
-        elif how == "regional":
-            pipe.transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
+        compile_transformer(pipe, backend, {"whole": "compiled", "regional": "regional"}.get(how, "eager"))
         return pipe
 
     def first_call(pipe) -> tuple[float, int]:

@@ -1,6 +1,8 @@
-"""The engine: the session manager and request validation, below every front end."""
-from .manager import CompiledShape, PipelineStatus, SessionManager
-from .validation import Option, Placement, check_request, mode_options, parse_resolution, propose_placement
+"""The engine: the session manager, its line for devices, its counters, and request validation, below every front
+end."""
+from .manager import CompiledShape, DeviceStatus, PipelineStatus, SessionManager
+from .stats import OUTCOMES, outcome_of
+from .validation import PLACEMENTS, Option, Placement, mode_options, parse_resolution, propose_placement
 
-__all__ = ["CompiledShape", "Option", "PipelineStatus", "Placement", "SessionManager", "check_request",
-           "mode_options", "parse_resolution", "propose_placement"]
+__all__ = ["OUTCOMES", "PLACEMENTS", "CompiledShape", "DeviceStatus", "Option", "PipelineStatus", "Placement",
+           "SessionManager", "mode_options", "outcome_of", "parse_resolution", "propose_placement"]

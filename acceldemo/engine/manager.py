@@ -1,22 +1,28 @@
-"""The session manager: resident pipelines per (model, hardware, mode, placement) and their compiled shapes."""
+"""The session manager: every request's admission, counting and scheduling onto devices, and the resident pipelines
+per (model, device set, mode, placement) with their compiled shapes."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from prometheus_client import Gauge
+
 from ..config import Settings
-from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed
-from ..executors import artifacts
+from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed, describe_error
+from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor, LoadedPipeline
-from ..executors.recipe import size_recompile_limit
-from ..hardware import COMPILED_MODES
-from ..models.catalog import get_model
-from ..records import GenerateRequest, GenerateResult, PipelineKey, Progress, ProgressCallback, Shape, no_progress
-from .validation import check_request
+from ..hardware import COMPILED_MODES, HARDWARE, Device, get_hardware
+from ..models.catalog import ModelSpec, get_model
+from ..records import (DeviceSet, GenerateRequest, GenerateResult, PipelineKey, Progress, ProgressCallback, Shape,
+                       no_progress)
+from .admission import Line
+from .stats import EngineStats, outcome_of
+from .validation import check_request, local_devices
 
 log = logging.getLogger("acceldemo.engine")
 
@@ -46,6 +52,16 @@ class PipelineStatus:
     shapes: tuple[CompiledShape, ...]
 
 
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One device as the engine sees it: what runs on it, how many wait for it, which pipelines it holds."""
+
+    device: Device
+    running: str | None  # what the job on it is, None when idle
+    waiting: int
+    pipelines: tuple[str, ...]
+
+
 @dataclass
 class _Entry:
     key: PipelineKey
@@ -56,55 +72,71 @@ class _Entry:
     busy: bool = False
 
 
-def describe(error: BaseException) -> str:
-    """One line a person can read: the compiler's own error rather than dynamo's wrapper around it."""
-    inner = getattr(error, "inner_exception", None)
-    prefix = "compiling failed: " if inner is not None else ""
-    error = inner or error
-    text = " ".join(str(error).split())
-    text = text.split(" Set TORCHDYNAMO_VERBOSE")[0]
-    return f"{prefix}{type(error).__name__}: {text}"[:400]
-
-
 class SessionManager:
-    """Runs requests on resident pipelines, one job at a time per device, within a memory budget."""
+    """The one way into the engine for every front end: validation, one line with one limit, outcome counters,
+    one job at a time per device, resident pipelines within a budget per device.
 
-    def __init__(self, settings: Settings | None = None, executor: Executor | None = None,
-                 pool_executor: Executor | None = None):
-        from ..executors.local import LocalExecutor
+    The executor (chosen outside the manager) decides where a pipeline lives: this process or a worker pool.
+    """
 
-        self.settings = settings or Settings.from_env()
-        self.executor = executor or LocalExecutor(self.settings)
-        self._pool_executor = pool_executor
+    def __init__(self, settings: Settings, executor: Executor):
+        self.settings = settings
+        self.executor = executor
+        self.line = Line(settings.queue_size, settings.device_wait_s)
+        self.stats = EngineStats()
+        self.artifacts = ArtifactStore.of(settings)
         self._entries: OrderedDict[PipelineKey, _Entry] = OrderedDict()
         self._lock = threading.RLock()
-        self._device_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._waiting: Counter = Counter()
-        self.counters: Counter = Counter()
         self.evictions: list[tuple[float, PipelineKey]] = []
-        size_recompile_limit(self.settings)
+        registry = self.stats.registry
+        Gauge("acceldemo_queue_depth", "Requests waiting in line for a device", registry=registry) \
+            .set_function(self.queue_depth)
+        Gauge("acceldemo_resident_pipelines", "Pipelines resident in memory", registry=registry) \
+            .set_function(lambda: sum(p.resident for p in self.status()))
+        Gauge("acceldemo_busy_devices", "Devices running a job", registry=registry) \
+            .set_function(lambda: len(self.line.running()))
+        # Precompiled (AOTInductor) packages built, or loaded from the persistent cache instead, since start.
+        packages = Gauge("acceldemo_precompiled_packages", "AOTInductor packages by event since start", ("event",),
+                         registry=registry)
+        for event in EVENTS:
+            packages.labels(event).set_function(lambda event=event: self.artifacts.counts()[event])
+
+    # --- front ends call these ----------------------------------------------------------------------------------
+
+    def check(self, request: GenerateRequest) -> GenerateRequest:
+        """The request with every default filled in, or the first thing wrong with it (a typed error)."""
+        return check_request(request, self.settings)
 
     def generate(self, request: GenerateRequest, on_progress: ProgressCallback = no_progress,
                  cancelled: Callable[[], bool] = lambda: False) -> GenerateResult:
-        """Validate, wait for the device, load if needed, run; counts every step of it."""
-        self.counters["requests"] += 1
-        try:
-            return self._run(request, on_progress, cancelled, warm_up=False)
-        except AcceldemoError:
-            self.counters["errors"] += 1
-            raise
+        """Validate, wait in line for a device, load if needed, run; counts the outcome whatever it is."""
+        with self._counted("generate"):
+            request = self.check(request)
+            what = f"{request.width}x{request.height} · {request.model} · {request.mode}"
+            return self._admitted(request, what, on_progress, cancelled,
+                                  lambda devices, started, queue_wait: self._run(
+                                      devices, request, on_progress, cancelled, False, started, queue_wait))
 
     def warm_up(self, request: GenerateRequest, shapes: Iterable[Shape],
                 on_progress: ProgressCallback = no_progress) -> list[CompiledShape]:
-        """Compile the given shapes ahead of requests (one denoise step each); returns their records."""
-        shapes = list(shapes)
-        done = []
-        for i, shape in enumerate(shapes, 1):
-            on_progress(Progress("compile", f"warming {shape} ({i}/{len(shapes)})", i, len(shapes)))
-            one = replace(request, width=shape.width, height=shape.height, steps=1)
-            result = self._run(one, on_progress, lambda: False, warm_up=True)
-            done.append(replace(self._entries[result.key].shapes[shape]))
-        return done
+        """Compile the given shapes ahead of requests (one denoise step each), in one turn on one device set;
+        returns their records."""
+        with self._counted("warmup"):
+            base = self.check(request)
+            warm = [self.check(replace(base, width=s.width, height=s.height, steps=1)) for s in shapes]
+            what = f"warm-up of {', '.join(f'{r.width}x{r.height}' for r in warm)} · {base.model} · {base.mode}"
+
+            def work(devices: DeviceSet, started: float, queue_wait: float) -> list[CompiledShape]:
+                done = []
+                for i, one in enumerate(warm, 1):
+                    on_progress(Progress("compile", f"warming {one.shape} on {devices} ({i}/{len(warm)})", i,
+                                         len(warm)))
+                    result = self._run(devices, one, on_progress, lambda: False, True, started, queue_wait)
+                    with self._lock:
+                        done.append(replace(self._entries[result.key].shapes[one.shape]))
+                return done
+
+            return self._admitted(base, what, on_progress, lambda: False, work) if warm else []
 
     def status(self) -> list[PipelineStatus]:
         """Every pipeline the manager has known, most recently used last."""
@@ -112,18 +144,41 @@ class SessionManager:
             return [PipelineStatus(e.key, e.loaded is not None, e.busy, e.load_seconds,
                                    tuple(replace(s) for s in e.shapes.values())) for e in self._entries.values()]
 
+    def devices(self) -> list[DeviceStatus]:
+        """Every device of the hardware found here: busy or idle, its line, its resident pipelines."""
+        running, waiting = self.line.running(), self.line.waiting()
+        with self._lock:
+            resident = [e.key for e in self._entries.values() if e.loaded is not None]
+        found = []
+        for hardware in HARDWARE.values():
+            for device in hardware.devices():
+                at = (device.hardware, device.index)
+                ticket = running.get(at)
+                found.append(DeviceStatus(
+                    device, ticket.what if ticket else None, sum(at in t.devices for t in waiting),
+                    tuple(str(k) for k in resident if k.devices is not None and device.index in k.devices.indices
+                          and k.hardware == device.hardware)))
+        return found
+
+    def queue_depth(self) -> int:
+        """Requests waiting in line (running ones not counted)."""
+        return len(self.line.waiting())
+
+    def capacity(self) -> int:
+        """How many requests the engine holds at most: one running per device, plus the line."""
+        return sum(len(hw.devices()) for hw in HARDWARE.values()) + self.settings.queue_size
+
+    def counters(self) -> dict:
+        """The engine's counts (requests by outcome, graphs, compile seconds, hits, loads, evictions)."""
+        return self.stats.snapshot()
+
     def precompiled(self) -> dict:
         """The AOTInductor package store behind mode compiled on CPU/CUDA: packages, builds, loads, hit rate."""
-        return artifacts.report(self.settings)
+        return self.artifacts.report(self.settings.precompile)
 
     def package_events(self) -> dict[str, int]:
         """Packages built, loaded and rejected since start, without reading the disk (for frequent scrapes)."""
-        return artifacts.events()
-
-    def queue_depth(self, hardware: str | None = None) -> int:
-        """Jobs waiting for a device (one hardware, or all)."""
-        with self._lock:
-            return self._waiting[hardware] if hardware else sum(self._waiting.values())
+        return self.artifacts.counts()
 
     def evict(self, key: PipelineKey, why: str = "asked") -> None:
         """Free a resident pipeline; its shape records stay, so a reload shows what was compiled."""
@@ -133,47 +188,81 @@ class SessionManager:
                 return
             loaded, entry.loaded = entry.loaded, None
             self.evictions.append((time.time(), key))
-            self.counters["evictions"] += 1
+        self.stats.evictions.inc()
         log.info("evicted %s (%s)", key, why)
         loaded.close()
 
     def close(self) -> None:
-        """Free every resident pipeline and stop any worker pool."""
+        """Free every resident pipeline and stop every process the executor started."""
         for key in list(self._entries):
             self.evict(key, "shutdown")
-        if self._pool_executor is not None:
-            self._pool_executor.close()
+        self.executor.close()
 
-    def _run(self, request: GenerateRequest, on_progress: ProgressCallback, cancelled, warm_up: bool
-             ) -> GenerateResult:
-        request = check_request(request)
-        started = time.perf_counter()
-        spec = get_model(request.model)
-        key = PipelineKey(request.model, request.hardware, request.mode, request.placement, request.tp_size)
-        device_lock = self._device_locks[key.hardware]
-        with self._lock:
-            self._waiting[key.hardware] += 1
-            ahead = self._waiting[key.hardware] - 1 + device_lock.locked()
-        if ahead:
-            on_progress(Progress("wait", f"waiting for {key.hardware}: {ahead} job(s) ahead"))
-        acquired = device_lock.acquire(timeout=self.settings.device_wait_s)
-        with self._lock:
-            self._waiting[key.hardware] -= 1
-        if not acquired:
-            raise CapacityExceeded(f"{key.hardware} stayed busy for {self.settings.device_wait_s:.0f} s "
-                                   f"(ACCELDEMO_DEVICE_WAIT_S); retry in a moment")
+    # --- admission and counting ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _counted(self, kind: str) -> Iterator[None]:
+        """Count the request's outcome once; anything but the engine's own errors becomes GenerationFailed."""
         try:
-            queue_wait = time.perf_counter() - started
-            entry, load_seconds = self._load(key, spec, on_progress)
-            try:
-                return self._call(entry, spec, request, on_progress, cancelled, warm_up, queue_wait,
-                                  load_seconds, started)
-            finally:
-                entry.busy = False
-        finally:
-            device_lock.release()
+            yield
+        except AcceldemoError as error:
+            self.stats.count(kind, outcome_of(error))
+            raise
+        except Exception as error:  # a bug must reach the person as a message, never take the server down
+            self.stats.count(kind, "failed")
+            log.exception("%s failed", kind)
+            raise GenerationFailed(f"internal error: {describe_error(error)}") from None
+        self.stats.count(kind, "ok")
 
-    def _call(self, entry: _Entry, spec, request: GenerateRequest, on_progress, cancelled, warm_up: bool,
+    def _admitted(self, request: GenerateRequest, what: str, on_progress: ProgressCallback, cancelled,
+                  work: Callable[[DeviceSet, float, float], object]):
+        """Take a ticket for the request's devices, wait for them, do the work on the ones given, free them."""
+        started = time.perf_counter()
+        ticket = self.line.enter(what, self._candidates(request), self._preference(request))
+        try:
+            devices = self.line.wait(ticket, on_progress, cancelled)
+            return work(devices, started, time.perf_counter() - started)
+        finally:
+            self.line.release(ticket)
+
+    def _candidates(self, request: GenerateRequest) -> list[DeviceSet]:
+        if request.device:
+            return [DeviceSet.parse(request.device)]
+        size = local_devices(request.placement, request.tp_size, self.settings.pool_nnodes)
+        return get_hardware(request.hardware).device_sets(size)
+
+    def _preference(self, request: GenerateRequest) -> Callable[[DeviceSet], int]:
+        """Where a request is best served: its pipeline resident with its shape compiled, then resident, then any."""
+        spec = get_model(request.model)
+        graph_key = spec.graph_key(request.shape, request.num_images, request.guidance)
+
+        def preference(devices: DeviceSet) -> int:
+            with self._lock:
+                entry = self._entries.get(self._key(request, devices))
+                if entry is None or entry.loaded is None:
+                    return 0
+                return 2 if graph_key in entry.graph_keys else 1
+        return preference
+
+    @staticmethod
+    def _key(request: GenerateRequest, devices: DeviceSet) -> PipelineKey:
+        return PipelineKey(request.model, request.hardware, request.mode, request.placement, request.tp_size, devices)
+
+    # --- running on the devices a ticket got ----------------------------------------------------------------------
+
+    def _run(self, devices: DeviceSet, request: GenerateRequest, on_progress: ProgressCallback, cancelled,
+             warm_up: bool, started: float, queue_wait: float) -> GenerateResult:
+        spec = get_model(request.model)
+        key = self._key(request, devices)
+        on_progress(Progress("queue", f"running on {devices}", 0))
+        entry, load_seconds = self._load(key, spec, on_progress)
+        try:
+            return self._call(entry, spec, request, on_progress, cancelled, warm_up, queue_wait, load_seconds,
+                              started)
+        finally:
+            entry.busy = False
+
+    def _call(self, entry: _Entry, spec: ModelSpec, request: GenerateRequest, on_progress, cancelled, warm_up: bool,
               queue_wait: float, load_seconds: float, started: float) -> GenerateResult:
         shape = request.shape
         graph_key = spec.graph_key(shape, request.num_images, request.guidance)
@@ -196,12 +285,13 @@ class SessionManager:
         except AcceldemoError:
             raise
         except Exception as error:  # a compiler or pipeline failure must not take the server down
-            what = describe(error)
+            what = describe_error(error)
             with self._lock:
                 if first_visit:
                     record.state, record.reason = "failed", what
             log.exception("generation failed for %s at %s", entry.key, shape)
             raise GenerationFailed(f"{entry.key} failed at {shape}: {what}") from None
+        self.artifacts.record(out.package_events)
         with self._lock:
             entry.graph_keys.add(graph_key)
             record.state, record.reason = "ready", ""
@@ -213,21 +303,18 @@ class SessionManager:
                 record.hits += 1
             if not warm_up and not first_visit:
                 record.last_latency = out.seconds
-            self.counters["graphs"] += out.new_graphs
-            self.counters["compile_seconds"] += out.compile_seconds
-            self.counters["compile_cache_hits"] += out.compile_cache_hits
-            self.counters["shape_hits" if not first_visit else "shape_misses"] += 1
-        if cancelled():
-            self.counters["cancelled"] += 1
-            raise Cancelled(f"stopped at {shape} after {len(out.step_seconds) + 1} of {request.steps} steps; "
-                            f"{entry.key.hardware} is free for the next job")
-        return GenerateResult(
+        result = GenerateResult(
             request=request, key=entry.key, images=out.images, seconds=time.perf_counter() - started,
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not first_visit and out.new_graphs == 0,
             compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds)
+        self.stats.observe(result)
+        if cancelled():
+            raise Cancelled(f"stopped at {shape} after {len(out.step_seconds) + 1} of {request.steps} steps; "
+                            f"{entry.key.devices} is free for the next job")
+        return result
 
-    def _load(self, key: PipelineKey, spec, on_progress: ProgressCallback) -> tuple[_Entry, float]:
+    def _load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> tuple[_Entry, float]:
         """The key's entry with its pipeline resident (loading it now if needed), marked busy."""
         with self._lock:
             entry = self._entries.setdefault(key, _Entry(key))
@@ -239,15 +326,15 @@ class SessionManager:
         started = time.perf_counter()
         try:
             try:
-                loaded = self.executor_for(key).load(key, spec, on_progress)
+                loaded = self.executor.load(key, spec, on_progress)
             except MemoryError as error:  # torch.OutOfMemoryError is one too
                 evicted = self._make_room(keep=key, budget=1)
                 if not evicted:
                     raise
                 log.warning("out of memory loading %s (%s): evicted %d pipeline(s), retrying once",
-                            key, describe(error), evicted)
+                            key, describe_error(error), evicted)
                 on_progress(Progress("load", f"out of memory: freed {evicted} pipeline(s), loading again"))
-                loaded = self.executor_for(key).load(key, spec, on_progress)
+                loaded = self.executor.load(key, spec, on_progress)
         except AcceldemoError:
             entry.busy = False
             raise
@@ -256,34 +343,26 @@ class SessionManager:
             log.exception("loading %s failed", key)
             hint = " (out of memory even with nothing else resident: try placement offload or tp)" \
                 if isinstance(error, MemoryError) else ""
-            raise GenerationFailed(f"loading {key} failed: {describe(error)}{hint}") from None
+            raise GenerationFailed(f"loading {key} failed: {describe_error(error)}{hint}") from None
         with self._lock:
             entry.loaded, entry.load_seconds = loaded, time.perf_counter() - started
-            self.counters["loads"] += 1
+        self.stats.loads.inc()
         return entry, entry.load_seconds
 
-    def executor_for(self, key: PipelineKey) -> Executor:
-        """Tensor-parallel pipelines live in a torchrun worker pool; every other one in this process."""
-        if key.placement != "tp":
-            return self.executor
-        if self._pool_executor is None:
-            from ..executors.pool import PoolExecutor
-
-            self._pool_executor = PoolExecutor(self.settings)
-        return self._pool_executor
-
     def _make_room(self, keep: PipelineKey, budget: int | None = None) -> int:
-        """Evict least recently used idle pipelines until one more fits the budget; returns how many went."""
+        """Evict least recently used idle pipelines sharing a device with `keep` until one more fits the budget of
+        resident pipelines per device; returns how many went."""
         budget = self.settings.max_resident_pipelines if budget is None else budget
         evicted = 0
         while True:
             with self._lock:
-                resident = [e for e in self._entries.values() if e.loaded is not None and e.key != keep]
+                resident = [e for e in self._entries.values() if e.loaded is not None and e.key != keep
+                            and e.key.devices is not None and e.key.devices.overlaps(keep.devices)]
                 if len(resident) < budget:
                     return evicted
                 idle = [e for e in resident if not e.busy]
                 if not idle:
-                    log.warning("over the budget of %d resident pipelines: all are busy", budget)
+                    log.warning("over the budget of %d resident pipelines on %s: all are busy", budget, keep.devices)
                     return evicted
-            self.evict(idle[0].key, f"budget of {budget} resident pipelines")
+            self.evict(idle[0].key, f"budget of {budget} resident pipelines per device")
             evicted += 1

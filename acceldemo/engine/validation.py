@@ -5,12 +5,14 @@ import math
 import unicodedata
 from dataclasses import dataclass, replace
 
+from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
-from ..executors.pool import pool_nodes
-from ..hardware import ALL_MODES, Availability, Hardware, best_available, get_hardware, require_available
+from ..hardware import (HARDWARE, Availability, Hardware, all_modes, best_available, get_hardware, mode_note,
+                        require_available)
 from ..models.catalog import ModelSpec, get_model
-from ..records import GenerateRequest, Shape
+from ..records import DeviceSet, GenerateRequest, Shape
 
+# Where a pipeline goes: whole on one device, model CPU offload, or a tensor-parallel worker pool.
 PLACEMENTS = ("device", "offload", "tp")
 MAX_PROMPT_CHARS = 2000
 MAX_IMAGES = 4
@@ -18,13 +20,6 @@ MAX_GUIDANCE = 30.0
 MAX_SEED = 2**63 - 1
 # Room left for activations beside the weights when deciding what fits a device.
 HEADROOM = 1.2
-
-MODE_NOTES = {
-    "eager": "each op runs as it is issued",
-    "eager-fused": "TorchTPU defers ops and fuses them into larger graphs (EagerMode.DEFER_AND_FUSE)",
-    "compiled": "whole transformer compiled per static shape (fullgraph, dynamic=False)",
-    "regional": "the repeated transformer block compiled once and reused (compile_repeated_blocks)",
-}
 
 
 @dataclass(frozen=True)
@@ -46,25 +41,19 @@ class Placement:
 def mode_options(spec: ModelSpec, hardware: Hardware, placement: str | None) -> list[Option]:
     """Each mode for this model, hardware and placement, with why it is refused where it is."""
     options = []
-    for mode in ALL_MODES:
+    for mode in all_modes():
         if mode not in hardware.modes:
-            offered = [h for h in _hardware_names() if mode in get_hardware(h).modes]
+            offered = [name for name, other in HARDWARE.items() if mode in other.modes]
             reason = f"{hardware.name} does not offer it; only {', '.join(offered)} does"
         elif mode == "regional" and not spec.repeated_blocks:
             reason = f"the {spec.title} transformer has no repeated blocks for compile_repeated_blocks"
         elif mode == "compiled" and placement == "offload":
             reason = "offload hooks cannot be traced: with offload only regional or eager"
         else:
-            options.append(Option(mode, True, MODE_NOTES[mode]))
+            options.append(Option(mode, True, mode_note(mode)))
             continue
         options.append(Option(mode, False, reason))
     return options
-
-
-def _hardware_names() -> list[str]:
-    from ..hardware import HARDWARE
-
-    return list(HARDWARE)
 
 
 def propose_placement(spec: ModelSpec, found: Availability) -> Placement:
@@ -140,13 +129,14 @@ def check_shape(spec: ModelSpec, width: object, height: object) -> Shape:
     return Shape(sides["width"], sides["height"])
 
 
-def check_request(request: GenerateRequest) -> GenerateRequest:
+def check_request(request: GenerateRequest, settings: Settings) -> GenerateRequest:
     """The request with every default filled in, or the first thing wrong with it as a typed error."""
-    spec = get_model(request.model)
+    spec = get_model(request.model or settings.default_model)
     prompt = check_prompt(request.prompt)
-    hardware = require_available(request.hardware or best_available())
-    if request.mode not in ALL_MODES:
-        raise UnknownName("mode", request.mode, ALL_MODES)
+    devices = check_devices(request.device)
+    hardware = require_available(request.hardware or (devices.hardware if devices else best_available()))
+    if request.mode not in all_modes():
+        raise UnknownName("mode", request.mode, all_modes())
     if request.placement is not None and request.placement not in PLACEMENTS:
         raise UnknownName("placement", request.placement, PLACEMENTS)
     proposed = propose_placement(spec, hardware.detect())
@@ -154,12 +144,16 @@ def check_request(request: GenerateRequest) -> GenerateRequest:
     for option in mode_options(spec, hardware, placement):
         if option.name == request.mode and not option.ok:
             raise UnsupportedCombination("mode", f"mode {request.mode!r} is not possible here: {option.reason}")
-    tp_size = check_placement(spec, hardware, placement, request.tp_size or proposed.tp_size)
-    shape = check_shape(spec, spec.default_shape.width if request.width is None else request.width,
-                        spec.default_shape.height if request.height is None else request.height)
+    tp_size = check_placement(spec, hardware, placement, request.tp_size or proposed.tp_size, settings.pool_nnodes)
+    if devices is not None:
+        check_device_set(devices, hardware, local_devices(placement, tp_size, settings.pool_nnodes))
+    typed = None if request.resolution in (None, "") else parse_resolution(request.resolution)
+    width, height = (typed.width, typed.height) if typed else (request.width, request.height)
+    shape = check_shape(spec, spec.default_shape.width if width is None else width,
+                        spec.default_shape.height if height is None else height)
     return replace(
         request, model=spec.name, prompt=prompt, hardware=hardware.name, placement=placement, tp_size=tp_size,
-        width=shape.width, height=shape.height,
+        device=None if devices is None else str(devices), resolution=None, width=shape.width, height=shape.height,
         steps=_whole("steps", spec.steps if request.steps is None else request.steps, 1, spec.max_steps),
         guidance=_number("guidance", spec.guidance if request.guidance is None else request.guidance,
                          0.0, MAX_GUIDANCE),
@@ -167,7 +161,7 @@ def check_request(request: GenerateRequest) -> GenerateRequest:
         num_images=_whole("num_images", request.num_images, 1, MAX_IMAGES))
 
 
-def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size: int) -> int:
+def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size: int, nodes: int = 1) -> int:
     """The tensor-parallel degree for this placement (1 unless tp), or why it cannot work."""
     if placement != "tp":
         return 1
@@ -176,12 +170,36 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size
     size = _whole("tp_size", tp_size, 2, 64)
     if spec.attention_heads % size:
         raise InvalidRequest("tp_size", size, f"a divisor of the {spec.attention_heads} attention heads")
-    nodes = pool_nodes()
     if size % nodes:
         raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
                                               "(ACCELDEMO_POOL_NNODES)")
-    count = hardware.detect().device_count * nodes
-    if hardware.name != "cpu" and size > count:
+    count = len(hardware.devices()) * nodes
+    if not hardware.device_sets(size // nodes):  # CPU ranks share cores: every size has a group there
         where = "here" if nodes == 1 else f"on the pool's {nodes} nodes"
         raise InvalidRequest("tp_size", size, f"at most the {count} {hardware.name} devices {where}")
     return size
+
+
+def local_devices(placement: str, tp_size: int, nodes: int) -> int:
+    """How many devices of this host one pipeline occupies: its share of a tensor-parallel group, else one."""
+    return tp_size // nodes if placement == "tp" else 1
+
+
+def check_devices(text: object) -> DeviceSet | None:
+    """A device set a request names (`cuda:1`, `neuron:0-1`), or None when it names none."""
+    if text is None or text == "":
+        return None
+    devices = DeviceSet.parse(text) if isinstance(text, str) and len(text) < 80 else None
+    if devices is None:
+        raise InvalidRequest("device", text, "a device as hardware:index (cpu:0, cuda:1) or a group (neuron:0-1)")
+    return devices
+
+
+def check_device_set(devices: DeviceSet, hardware: Hardware, size: int) -> None:
+    """The named devices must be one of the groups this hardware offers a pipeline of that size."""
+    if devices.hardware != hardware.name:
+        raise UnsupportedCombination("device", f"device {devices} is not a {hardware.name} device")
+    offered = hardware.device_sets(size)
+    if devices not in offered:
+        raise InvalidRequest("device", str(devices), f"one of {', '.join(map(str, offered))} here"
+                             if offered else f"none: {hardware.name} has no group of {size} device(s) here")

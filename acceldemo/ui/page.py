@@ -13,32 +13,36 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..engine import SessionManager, check_request, mode_options, parse_resolution, propose_placement
-from ..errors import AcceldemoError, Cancelled, GenerationFailed
-from ..hardware import ALL_MODES, HARDWARE, detect_all, get_hardware
-from ..models.catalog import CATALOG, DEFAULT_MODEL, get_model
+from ..engine import PLACEMENTS, SessionManager, mode_options, parse_resolution, propose_placement
+from ..errors import AcceldemoError
+from ..hardware import all_modes, best_available, detect_all, get_hardware
+from ..models.catalog import CATALOG, get_model
 from ..records import GenerateRequest, GenerateResult, Progress
-from .metrics import Metrics
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
+DEVICE_COLUMNS = ["device", "memory GB", "state", "waiting", "resident pipelines"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
 NOTHING_TO_STOP = "Nothing to stop: no job of this page is running."
-# One ColorBrewer hue per mode: the middle shade for the first call, the dark one for warm calls.
-SERIES_COLORS = {f"{mode} {kind}": color
-                 for mode, pair in zip(ALL_MODES, (("#6baed6", "#08519c"), ("#9e9ac8", "#54278f"),
-                                                   ("#fd8d3c", "#a63603"), ("#74c476", "#006d2c")))
-                 for kind, color in zip(("first call", "warm"), pair)}
+# ColorBrewer hue pairs, one per mode in the hardware registry's order (cycled if there are more modes): the middle
+# shade for the first call, the dark one for warm calls.
+_PALETTE = (("#6baed6", "#08519c"), ("#9e9ac8", "#54278f"), ("#fd8d3c", "#a63603"), ("#74c476", "#006d2c"),
+            ("#fc9272", "#a50f15"), ("#bdbdbd", "#252525"))
+
+
+def series_colors() -> dict[str, str]:
+    """The latency chart's colour per series ("compiled first call", "compiled warm", ...) for every mode."""
+    return {f"{mode} {kind}": color for i, mode in enumerate(all_modes())
+            for kind, color in zip(("first call", "warm"), _PALETTE[i % len(_PALETTE)])}
 
 
 def _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateRequest:
-    shape = parse_resolution(resolution)
     return GenerateRequest(prompt=prompt, model=model, hardware=hardware, mode=mode,
                            placement=None if placement in (None, AUTO) else placement,
-                           tp_size=int(tp_size) if placement == "tp" and tp_size is not None else None,
-                           width=shape.width, height=shape.height, steps=steps, guidance=guidance, seed=seed)
+                           tp_size=tp_size if placement == "tp" else None, resolution=resolution, steps=steps,
+                           guidance=guidance, seed=seed)
 
 
 def _progress_to_gradio(progress: gr.Progress):
@@ -74,7 +78,7 @@ def describe_result(result: GenerateResult) -> str:
         f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
         f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused" if result.compile_cache_hits
         else "first visit to this shape")
-    return (f"**{r.width}x{r.height}** · {r.model} · {r.hardware} · {r.mode} · {r.placement}  \n"
+    return (f"**{r.width}x{r.height}** · {r.model} · {result.key.devices} · {r.mode} · {r.placement}  \n"
             f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
             f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}")
@@ -100,12 +104,18 @@ def status_rows(manager: SessionManager) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 
+def device_rows(manager: SessionManager) -> pd.DataFrame:
+    rows = [[str(d.device), round(d.device.memory_bytes / 1e9, 1), f"busy: {d.running}" if d.running else "idle",
+             d.waiting, "; ".join(d.pipelines)] for d in manager.devices()]
+    return pd.DataFrame(rows, columns=DEVICE_COLUMNS)
+
+
 def latency_points(manager: SessionManager) -> pd.DataFrame:
     """Per shape: first-call and warm latency of every mode measured, for the chart."""
     # The browser fixes the colour domain to the series in the data when it first draws the chart, and
     # draws points of any series added later without a colour, invisible: so every series has a row from
     # the start, without seconds, which is drawn as nothing.
-    rows = [[None, series, None] for series in SERIES_COLORS]
+    rows = [[None, series, None] for series in series_colors()]
     for p in manager.status():
         for s in p.shapes:
             if s.first_call_seconds is not None:
@@ -115,20 +125,20 @@ def latency_points(manager: SessionManager) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["shape", "series", "seconds"]).astype({"seconds": float})
 
 
-def outcome_of(error: AcceldemoError) -> str:
-    """The `outcome` label of a request that ended in one of the engine's errors."""
-    return "cancelled" if isinstance(error, Cancelled) else "failed" if isinstance(error, GenerationFailed) \
-        else "invalid"
-
-
 def status_json(manager: SessionManager, startup: dict) -> dict:
-    """What the manager holds, for the API and /status: pipelines, shapes, counters."""
+    """What the engine holds, for the API and /status: devices, the line, counters, pipelines and their shapes."""
     return {
         "startup_warmup": startup.get("state", "none configured"),
         "queue_depth": manager.queue_depth(),
-        "counters": dict(manager.counters),
+        "queue_limit": manager.settings.queue_size,
+        "counters": manager.counters(),
+        "devices": [{"device": str(d.device), "hardware": d.device.hardware, "index": d.device.index,
+                     "memory_gb": round(d.device.memory_bytes / 1e9, 1), "detail": d.device.detail,
+                     "busy": d.running is not None, "running": d.running, "waiting": d.waiting,
+                     "pipelines": list(d.pipelines)} for d in manager.devices()],
         "precompiled": manager.precompiled(),
-        "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware, "mode": p.key.mode,
+        "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware,
+                       "device": str(p.key.devices), "mode": p.key.mode,
                        "placement": p.key.placement, "tp_size": p.key.tp_size, "resident": p.resident,
                        "busy": p.busy, "load_seconds": round(p.load_seconds, 3),
                        "shapes": [{**s.__dict__, "shape": str(s.shape)} for s in p.shapes]}
@@ -158,10 +168,10 @@ def option_notes(model: str, hardware: str, placement: str) -> str:
                       *lines])
 
 
-def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.Blocks:
+def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
     """The page; `startup` holds the start-up warm-up state the page shows."""
-    default = get_model(DEFAULT_MODEL)
-    default_hw = next((n for n in ("neuron", "tpu", "cuda") if HARDWARE[n].detect().available), "cpu")
+    default = get_model(manager.settings.default_model)
+    default_hw = best_available()
     all_presets = sorted({str(s) for spec in CATALOG.values() for s in spec.presets},
                          key=lambda t: tuple(map(int, t.split("x"))))
 
@@ -176,15 +186,9 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
             request = _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed)
             result = manager.generate(request, _progress_to_gradio(progress), cancelled=stop.is_set)
         except AcceldemoError as error:
-            metrics.requests.labels(outcome_of(error)).inc()
             raise gr.Error(str(error), print_exception=False) from None
-        except Exception as error:  # never a traceback in the page
-            metrics.requests.labels("failed").inc()
-            log.exception("generate failed")
-            raise gr.Error(f"internal error: {type(error).__name__}: {error}", print_exception=False) from None
         finally:
             stops.pop(session.session_hash, None)
-        metrics.observe(result)
         return image_file(result.image, outputs), describe_result(result), result.facts()
 
     def stop_job(session: gr.Request) -> str:
@@ -199,8 +203,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
         try:
-            base = check_request(_request("warm-up", model, hardware, mode, placement, tp_size,
-                                          get_model(model).default_shape.__str__(), None, None, 0))
+            base = _request("warm-up", model, hardware, mode, placement, tp_size, None, None, None, 0)
             records = manager.warm_up(base, [parse_resolution(s) for s in shapes], _progress_to_gradio(progress))
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
@@ -208,8 +211,11 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
 
     def refresh_status():
         state = startup.get("state", "none configured")
-        return status_rows(manager), latency_points(manager), \
-            f"Start-up warm-up: {state}  \n{describe_packages(manager.precompiled())}"
+        requests = manager.counters()["requests"]
+        line = (f"Line: {manager.queue_depth()} waiting (limit {manager.settings.queue_size}) · requests "
+                + ", ".join(f"{outcome} {count}" for outcome, count in requests.items()))
+        return status_rows(manager), device_rows(manager), latency_points(manager), \
+            f"Start-up warm-up: {state}  \n{line}  \n{describe_packages(manager.precompiled())}"
 
     def on_model(model, hardware, placement):
         spec = get_model(model)
@@ -228,7 +234,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
                                         label="Model", elem_id="model")
                     hardware = gr.Dropdown(hardware_choices(), value=default_hw, label="Hardware",
                                            elem_id="hardware")
-                    mode = gr.Dropdown(list(ALL_MODES), value="eager", label="Mode", elem_id="mode")
+                    mode = gr.Dropdown(list(all_modes()), value="eager", label="Mode", elem_id="mode")
                     resolution = gr.Dropdown(all_presets, value=str(default.default_shape), allow_custom_value=True,
                                              label="Resolution (WxH, presets or typed)", elem_id="resolution")
                 with gr.Row():
@@ -238,7 +244,7 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
                     dice = gr.Button("Random seed", size="sm")
                 with gr.Accordion("Placement (advanced)", open=False):
                     with gr.Row():
-                        placement = gr.Dropdown([AUTO, "device", "offload", "tp"], value=AUTO, label="Placement",
+                        placement = gr.Dropdown([AUTO, *PLACEMENTS], value=AUTO, label="Placement",
                                                 elem_id="placement")
                         tp_size = gr.Number(2, label="TP world size", precision=0)
                 notes = gr.Markdown(option_notes(default.name, default_hw, AUTO), elem_id="mode-notes")
@@ -253,10 +259,12 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
             warm_shapes = gr.CheckboxGroup(all_presets, value=[str(default.default_shape)], label="Shapes to compile")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
-        gr.Markdown("## Compiled shapes")
+        gr.Markdown("## Devices")
         startup_text = gr.Markdown(elem_id="startup")
+        devices_table = gr.Dataframe(headers=DEVICE_COLUMNS, interactive=False, elem_id="devices")
+        gr.Markdown("## Compiled shapes")
         table = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
-        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", color_map=SERIES_COLORS,
+        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", color_map=series_colors(),
                                title="First call vs warm latency", y_title="seconds", height=280, elem_id="latency")
         timer = gr.Timer(2.0)
 
@@ -266,8 +274,9 @@ def build_page(manager: SessionManager, metrics: Metrics, startup: dict) -> gr.B
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
                           api_name="warm_up", concurrency_id="device")
-        timer.tick(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")
-        page.load(refresh_status, None, [table, chart, startup_text], queue=False, api_visibility="private")
+        panels = [table, devices_table, chart, startup_text]
+        timer.tick(refresh_status, None, panels, queue=False, api_visibility="private")
+        page.load(refresh_status, None, panels, queue=False, api_visibility="private")
 
         def pipelines() -> dict:
             """Resident pipelines and their compiled shapes, as plain JSON."""

@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import hmac
 import logging
-import os
 import threading
 
 import gradio as gr
@@ -13,10 +12,11 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..engine import SessionManager, check_request, parse_resolution
+from .. import config
+from ..engine import SessionManager, parse_resolution
 from ..errors import AcceldemoError
+from ..executors.routing import RoutingExecutor
 from ..records import GenerateRequest
-from .metrics import Metrics
 from .page import build_page, status_json
 
 log = logging.getLogger("acceldemo.server")
@@ -34,8 +34,7 @@ def _warm_up_at_start(manager: SessionManager, warmup: tuple[str, list], startup
                       lock: threading.Lock) -> None:
     mode, shapes = warmup
     try:
-        base = check_request(GenerateRequest(prompt="warm-up", model=model, mode=mode))
-        records = manager.warm_up(base, shapes)
+        records = manager.warm_up(GenerateRequest(prompt="warm-up", model=model, mode=mode), shapes)
         outcome = "done: " + ", ".join(f"{r.shape} {r.state}" for r in records)
     except AcceldemoError as error:
         outcome = f"failed: {error}"
@@ -84,7 +83,6 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
     `auth` protects the page and the Gradio API; `api_token` protects /status and /metrics.
     /health and /ready stay open for load balancers.
     """
-    metrics = Metrics(manager)
     guarded = [Depends(bearer_guard(api_token))]
     startup: dict = {} if warmup else {"done": True}
 
@@ -123,25 +121,26 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
 
     @app.get("/metrics", dependencies=guarded)
     def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return PlainTextResponse(generate_latest(manager.stats.registry), media_type=CONTENT_TYPE_LATEST)
 
-    page = build_page(manager, metrics, startup)
-    # Past max_size Gradio refuses a new job at once (HTTP 503); gradio_client raises "Queue is full! Please try again."
-    page.queue(max_size=manager.settings.queue_size, default_concurrency_limit=1)
+    page = build_page(manager, startup)
+    # Gradio's queue is only the page's transport: it passes every job on to the engine, whose line decides who
+    # waits, who runs and who is refused (one limit for every front end). So its concurrency, and its worker
+    # threads, cover what the engine can hold: a job per device plus the line.
+    page.max_threads = manager.capacity()
+    page.queue(max_size=None, default_concurrency_limit=manager.capacity())
     return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth)
 
 
 def main(argv: list[str] | None = None) -> None:
+    settings = config.settings()
     parser = argparse.ArgumentParser(prog="app.py", description="Serve the acceldemo page and API.")
-    parser.add_argument("--host", default=os.environ.get("ACCELDEMO_HOST", "127.0.0.1"),
-                        help="bind address (default 127.0.0.1; env ACCELDEMO_HOST)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "7860")),
-                        help="port (default 7860; env PORT)")
-    parser.add_argument("--warmup", default=os.environ.get("ACCELDEMO_WARMUP"),
+    parser.add_argument("--host", default=settings.host, help="bind address (default 127.0.0.1; env ACCELDEMO_HOST)")
+    parser.add_argument("--port", type=int, default=settings.port, help="port (default 7860; env PORT)")
+    parser.add_argument("--warmup", default=settings.warmup,
                         help="compile at start: MODE:WxH[,WxH...], e.g. compiled:64x64,128x64 (env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
-    parser.add_argument("--auth", default=os.environ.get("ACCELDEMO_AUTH"),
-                        help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
+    parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
@@ -153,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
         log.warning("serving on %s without --auth: anyone who reaches this address can use the page", args.host)
-    app = create_app(SessionManager(), warmup, args.model, auth, os.environ.get("ACCELDEMO_API_TOKEN"))
+    app = create_app(SessionManager(settings, RoutingExecutor(settings)), warmup, args.model, auth,
+                     settings.api_token)
     log.info("serving on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)

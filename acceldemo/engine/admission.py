@@ -1,0 +1,140 @@
+"""The engine's line: every front end's requests get a ticket in arrival order, devices are handed out in that order,
+and past the operator's limit a request that would have to wait is refused at once."""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import Cancelled, CapacityExceeded, QueueFull
+from ..records import DeviceSet, Progress, ProgressCallback
+
+# How often a waiting request looks at its stop flag and tells its place in line when that changed.
+POLL_S = 0.2
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's place in line: the device sets it can run on, and the one it got."""
+
+    number: int
+    what: str  # e.g. "generate 64x64 on tiny-shapes", shown in the line and on the devices
+    candidates: tuple[DeviceSet, ...]
+    # Among free device sets, the one where this request is best served (highest first): e.g. where its pipeline
+    # is already resident with its shape compiled. Asked when devices are handed out.
+    preference: Callable[[DeviceSet], int]
+    entered: float = field(default_factory=time.monotonic)
+    granted: DeviceSet | None = None
+    started: float | None = None
+
+    @property
+    def devices(self) -> set[tuple[str, int]]:
+        return {(c.hardware, i) for c in self.candidates for i in c.indices}
+
+    def where(self) -> str:
+        if len(self.candidates) <= 3:
+            return " or ".join(map(str, self.candidates))
+        return f"{self.candidates[0].hardware} (any of {len(self.candidates)} device sets)"
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class Line:
+    """Tickets waiting for devices, in arrival order, and the tickets running on them.
+
+    A freed device goes to the earliest waiting ticket that can use it: a later ticket never takes a device an
+    earlier one is waiting for, so a request for two devices is not starved by requests for one. A ticket that
+    finds a free device set does not wait at all, however long the line for other devices is.
+    """
+
+    def __init__(self, limit: int, wait_s: float):
+        self.limit, self.wait_s = limit, wait_s
+        self._changed = threading.Condition()
+        self._waiting: list[Ticket] = []
+        self._running: dict[tuple[str, int], Ticket] = {}
+        self._numbers = itertools.count(1)
+
+    def enter(self, what: str, candidates: Sequence[DeviceSet],
+              preference: Callable[[DeviceSet], int] = lambda devices: 0) -> Ticket:
+        """A ticket in line, granted at once if a device set is free; QueueFull if it would wait past the limit."""
+        ticket = Ticket(next(self._numbers), what, tuple(candidates), preference)
+        with self._changed:
+            self._waiting.append(ticket)
+            self._hand_out()
+            if ticket.granted is None and len(self._waiting) > self.limit:
+                self._waiting.remove(ticket)
+                raise QueueFull(len(self._waiting), self.limit)
+        return ticket
+
+    def wait(self, ticket: Ticket, on_progress: ProgressCallback = lambda event: None,
+             cancelled: Callable[[], bool] = lambda: False) -> DeviceSet:
+        """The device set the ticket was given, once it has one; telling its place in line meanwhile."""
+        deadline = ticket.entered + self.wait_s
+        told = None
+        while True:
+            with self._changed:
+                if ticket.granted is None and not cancelled() and time.monotonic() < deadline:
+                    self._changed.wait(POLL_S)
+                granted, place = ticket.granted, self._place(ticket)
+                if granted is None and (cancelled() or time.monotonic() >= deadline):
+                    self._waiting.remove(ticket)
+                    self._hand_out()
+                    if cancelled():
+                        raise Cancelled(f"stopped while {ordinal(place)} in line for {ticket.where()}; "
+                                        "nothing was started")
+                    raise CapacityExceeded(f"{ticket.where()} stayed busy for {self.wait_s:.0f} s "
+                                           "(ACCELDEMO_DEVICE_WAIT_S); retry in a moment")
+            if granted is not None:
+                return granted
+            if place != told:
+                told = place
+                on_progress(Progress("queue", f"{ordinal(place)} in line for {ticket.where()}", place))
+
+    def release(self, ticket: Ticket) -> None:
+        """The ticket's devices are free again (whether its job succeeded or not)."""
+        with self._changed:
+            for device in [d for d, holder in self._running.items() if holder is ticket]:
+                del self._running[device]
+            self._hand_out()
+
+    def waiting(self) -> list[Ticket]:
+        with self._changed:
+            return list(self._waiting)
+
+    def running(self) -> dict[tuple[str, int], Ticket]:
+        """Each busy device (hardware, index) and the ticket running on it."""
+        with self._changed:
+            return dict(self._running)
+
+    def place(self, ticket: Ticket) -> int:
+        with self._changed:
+            return self._place(ticket)
+
+    def _place(self, ticket: Ticket) -> int:
+        """1 + the waiting tickets ahead of this one that want any of its devices (0 once it runs)."""
+        if ticket.granted is not None or ticket not in self._waiting:
+            return 0
+        mine = ticket.devices
+        ahead = self._waiting[:self._waiting.index(ticket)]
+        return 1 + sum(1 for other in ahead if other.devices & mine)
+
+    def _hand_out(self) -> None:
+        """Give free device sets to waiting tickets in arrival order (call with the condition held)."""
+        claimed: set[tuple[str, int]] = set()  # devices an earlier waiting ticket is owed
+        for ticket in list(self._waiting):
+            free = [c for c in ticket.candidates
+                    if not any((c.hardware, i) in self._running or (c.hardware, i) in claimed for i in c.indices)]
+            if not free:
+                claimed |= ticket.devices
+                continue
+            chosen = max(free, key=ticket.preference)
+            ticket.granted, ticket.started = chosen, time.monotonic()
+            for i in chosen.indices:
+                self._running[(chosen.hardware, i)] = ticket
+            self._waiting.remove(ticket)
+        self._changed.notify_all()

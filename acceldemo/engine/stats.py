@@ -1,0 +1,86 @@
+"""What the engine counts for every request, whichever front end sent it: Prometheus metrics in one registry, which
+/metrics serves as they are and /status and the page read back."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ..errors import (Cancelled, CapacityExceeded, HardwareUnavailable, InvalidRequest, ModelUnavailable,
+                      UnsupportedCombination)
+from ..records import GenerateResult
+
+OUTCOMES = ("ok", "invalid", "refused", "cancelled", "failed")
+KINDS = ("generate", "warmup")
+PHASES = ("total", "queue", "load", "compile")
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+_LABELS = ("model", "hardware", "mode")
+
+
+def outcome_of(error: BaseException) -> str:
+    """The outcome of a request that ended in `error`: the person's to fix (invalid), the operator's limits
+    (refused), stopped (cancelled), or the engine's (failed)."""
+    if isinstance(error, Cancelled):
+        return "cancelled"
+    if isinstance(error, CapacityExceeded):
+        return "refused"
+    if isinstance(error, (InvalidRequest, UnsupportedCombination, HardwareUnavailable, ModelUnavailable)):
+        return "invalid"
+    return "failed"
+
+
+class EngineStats:
+    """Counters and histograms of one session manager (one registry each, so several can live in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("acceldemo_requests", "Requests by outcome and kind (generate, warmup)",
+                                ("outcome", "kind"), registry=self.registry)
+        self.latency = Histogram("acceldemo_phase_seconds", "Seconds per request phase", ("phase", *_LABELS),
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.graphs = Counter("acceldemo_compiled_graphs", "Graphs compiled by dynamo (and packages built)", _LABELS,
+                              registry=self.registry)
+        self.compile_seconds = Counter("acceldemo_compile_seconds", "Seconds spent compiling", _LABELS,
+                                       registry=self.registry)
+        self.shape_hits = Counter("acceldemo_shape_cache_hits", "Requests at an already compiled shape", _LABELS,
+                                  registry=self.registry)
+        self.compile_cache_hits = Counter("acceldemo_compile_cache_hits",
+                                          "Persistent compile artifacts reused (inductor caches, packages)", _LABELS,
+                                          registry=self.registry)
+        self.loads = Counter("acceldemo_pipeline_loads", "Pipelines loaded", registry=self.registry)
+        self.evictions = Counter("acceldemo_pipeline_evictions", "Resident pipelines evicted", registry=self.registry)
+        for outcome in OUTCOMES:  # every outcome shows from the start, at 0
+            for kind in KINDS:
+                self.requests.labels(outcome, kind)
+
+    def count(self, kind: str, outcome: str) -> None:
+        self.requests.labels(outcome, kind).inc()
+
+    def observe(self, result: GenerateResult) -> None:
+        """A finished call's phases and compile facts (a warm-up's too)."""
+        labels = (result.key.model, result.key.hardware, result.key.mode)
+        for phase, seconds in (("total", result.seconds), ("queue", result.queue_wait),
+                               ("load", result.load_seconds), ("compile", result.compile_seconds)):
+            self.latency.labels(phase, *labels).observe(seconds)
+        self.graphs.labels(*labels).inc(result.new_graphs)
+        self.compile_seconds.labels(*labels).inc(result.compile_seconds)
+        self.compile_cache_hits.labels(*labels).inc(result.compile_cache_hits)
+        if result.warm:
+            self.shape_hits.labels(*labels).inc()
+
+    def _total(self, counter: str) -> float:
+        return sum(sample.value for metric in self.registry.collect() if metric.name == counter
+                   for sample in metric.samples if sample.name.endswith("_total"))
+
+    def outcomes(self, kind: str = "generate") -> dict[str, int]:
+        return {outcome: int(self.registry.get_sample_value("acceldemo_requests_total",
+                                                            {"outcome": outcome, "kind": kind}) or 0)
+                for outcome in OUTCOMES}
+
+    def snapshot(self) -> dict:
+        """The counters as plain numbers, for /status and the page."""
+        return {"requests": self.outcomes("generate"), "warmups": self.outcomes("warmup"),
+                "graphs": int(self._total("acceldemo_compiled_graphs")),
+                "compile_seconds": round(self._total("acceldemo_compile_seconds"), 3),
+                "shape_hits": int(self._total("acceldemo_shape_cache_hits")),
+                "compile_cache_hits": int(self._total("acceldemo_compile_cache_hits")),
+                "loads": int(self._total("acceldemo_pipeline_loads")),
+                "evictions": int(self._total("acceldemo_pipeline_evictions"))}

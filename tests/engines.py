@@ -1,0 +1,41 @@
+"""How tests build a session manager (as the app does, with its executor chosen outside it) and serve it."""
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from acceldemo.config import Settings
+from acceldemo.engine import SessionManager
+from acceldemo.executors.routing import RoutingExecutor
+
+
+def new_manager(settings: Settings | None = None, **overrides) -> SessionManager:
+    settings = settings or Settings.from_env()
+    if overrides:
+        settings = type(settings)(**{**settings.__dict__, **overrides})
+    return SessionManager(settings, RoutingExecutor(settings))
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """A FastAPI app served by uvicorn on a free loopback port in this process (so a test can call its engine
+    directly beside its HTTP clients); yields the base URL."""
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the in-process server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
