@@ -9,7 +9,6 @@ import pytest
 
 from acceldemo.hardware import HARDWARE, detect_all, get_hardware
 from acceldemo.hardware.base import Hardware, probe_script
-from acceldemo.hardware.tpu import parse_exports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,8 +46,8 @@ def _fake_packages(tmp_path, names):
     return str(tmp_path)
 
 
-def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
-    # torch_tpu without libtpu aborts `import torch` through autoload; the app must switch it off first.
+def _tpu_detected_in_a_fresh_app(tmp_path, **env):
+    """What a fresh `import acceldemo` makes of a host whose torch_tpu is an empty stand-in: detection, autoload."""
     path = _fake_packages(tmp_path, ["torch_tpu"])
     code = textwrap.dedent("""
         import json, os, acceldemo
@@ -57,9 +56,30 @@ def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
         found = get_hardware("tpu").detect()
         print(json.dumps([found.available, found.reason, os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")]))
     """)
+    clean = {k: v for k, v in os.environ.items() if k not in ("TPU_LIBRARY_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": f"{ROOT}:{path}"}, timeout=120)
-    assert json.loads(out.stdout.splitlines()[-1]) == [False, "torch_tpu is installed but libtpu is missing", "0"]
+                         env={**clean, "PYTHONPATH": f"{ROOT}:{path}", **env}, timeout=120)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
+    # torch_tpu that cannot load libtpu aborts `import torch` through autoload; the app must switch it off first.
+    assert _tpu_detected_in_a_fresh_app(tmp_path) == [
+        False, "torch_tpu is installed but libtpu is missing: install libtpu, or set TPU_LIBRARY_PATH to a libtpu.so",
+        "0"]
+
+
+def test_tpu_library_path_stands_in_for_the_libtpu_package(tmp_path):
+    library = tmp_path / "libtpu.so"
+    library.write_bytes(b"")
+    # Autoload stays on; the empty stand-in then starts no device.
+    assert _tpu_detected_in_a_fresh_app(tmp_path, TPU_LIBRARY_PATH=str(library)) == [
+        False, "torch_tpu is installed but finds no TPU chip", None]
+
+
+def test_tpu_library_path_to_no_file_is_reported_and_torch_still_loads(tmp_path):
+    assert _tpu_detected_in_a_fresh_app(tmp_path, TPU_LIBRARY_PATH="/nowhere/libtpu.so") == [
+        False, "TPU_LIBRARY_PATH=/nowhere/libtpu.so is not a file (torch_tpu loads libtpu from it)", "0"]
 
 
 def test_neuron_package_without_devices_says_so(tmp_path, monkeypatch):
@@ -114,11 +134,6 @@ def test_compile_caches_point_into_the_app_cache_dir_and_operator_values_win(tmp
     assert json.loads(out.stdout) == {
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp_path}/inductor", "TORCH_NEURONX_NEFF_CACHE_DIR": f"{tmp_path}/neff",
         "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": f"{tmp_path}/tpu", "TRITON_CACHE_DIR": "/operator/triton"}
-
-
-def test_launcher_exports_are_parsed():
-    text = "Run these first:\nexport TPU_VISIBLE_CHIPS=0,1\n  export TPU_PROCESS_BOUNDS='1,1,1'\nnoise\n"
-    assert parse_exports(text) == {"TPU_VISIBLE_CHIPS": "0,1", "TPU_PROCESS_BOUNDS": "1,1,1"}
 
 
 def test_neuron_rank_gets_its_core_unless_the_operator_chose(monkeypatch):

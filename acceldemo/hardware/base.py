@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -25,6 +26,8 @@ class Availability:
     reason: str
     device_count: int = 0
     memory_bytes: int = 0  # per device
+    # The chip generation as its package names it ("TPU v6e"), where the hardware has generations that differ.
+    generation: str = ""
 
 
 # Modes that compile the transformer (every hardware offers both); the eager modes are each adapter's own.
@@ -68,7 +71,7 @@ class Hardware:
         override = os.environ.get(f"ACCELDEMO_{self.name.upper()}_MEMORY_GB")
         if not found.available or not override:
             return found
-        return Availability(True, found.reason, found.device_count, int(float(override) * GiB))
+        return dataclasses.replace(found, memory_bytes=int(float(override) * GiB))
 
     def _precheck(self) -> Availability | None:
         """Cheap checks done without importing torch; an Availability ends detection early."""
@@ -77,7 +80,7 @@ class Hardware:
         return None
 
     # Python run in a fresh interpreter; it must print one JSON object:
-    # {"available": bool, "reason": str, "device_count": int, "memory_bytes": int}.
+    # {"available": bool, "reason": str, "device_count": int, "memory_bytes": int, "generation": str}.
     probe_code: ClassVar[str] = ""
 
     def _probe(self) -> Availability:
@@ -95,7 +98,8 @@ class Hardware:
             return Availability(False, f"probing {self.name} failed (exit {done.returncode}): {tail[:300]}")
         found = json.loads(lines[-1])
         memory = int(found.get("memory_bytes") or self.default_memory_bytes)
-        return Availability(bool(found["available"]), str(found["reason"]), int(found.get("device_count", 0)), memory)
+        return Availability(bool(found["available"]), str(found["reason"]), int(found.get("device_count", 0)), memory,
+                            str(found.get("generation", "")))
 
     def activate(self) -> None:
         """Make the device usable in this process. With autoload on, `import torch` already did it."""
