@@ -67,8 +67,11 @@ def _hardware_names() -> list[str]:
     return list(HARDWARE)
 
 
-def propose_placement(spec: ModelSpec, found: Availability) -> Placement:
-    """Where the model should go on this hardware, from its weight sizes and the device memory."""
+def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> Placement:
+    """Where the model should go on this hardware, from its weight sizes and the device memory.
+
+    sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
+    """
     memory = found.memory_bytes
     weights = spec.weight_bytes * HEADROOM
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
@@ -77,9 +80,9 @@ def propose_placement(spec: ModelSpec, found: Availability) -> Placement:
     if spec.largest_component_bytes * HEADROOM <= memory:
         return Placement("offload", 1, f"{gb(spec.weight_bytes)} of weights exceed one device ({gb(memory)}), "
                                        f"but each component fits: offload moves one at a time")
-    size = 2
-    while size <= max(found.device_count, 2) and spec.largest_component_bytes * HEADROOM / size > memory:
-        size *= 2
+    candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
+    size = next((n for n in candidates if n > max(found.device_count, 2)
+                 or spec.largest_component_bytes * HEADROOM / n <= memory), candidates[-1])
     return Placement("tp", size, f"the largest component ({gb(spec.largest_component_bytes)}) exceeds one device "
                                  f"({gb(memory)}): tensor parallel over {size}")
 
@@ -149,7 +152,7 @@ def check_request(request: GenerateRequest) -> GenerateRequest:
         raise UnknownName("mode", request.mode, ALL_MODES)
     if request.placement is not None and request.placement not in PLACEMENTS:
         raise UnknownName("placement", request.placement, PLACEMENTS)
-    proposed = propose_placement(spec, hardware.detect())
+    proposed = propose_placement(spec, hardware.detect(), hardware.tensor_parallel_sizes())
     placement = request.placement or proposed.name
     for option in mode_options(spec, hardware, placement):
         if option.name == request.mode and not option.ok:
@@ -180,6 +183,9 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size
     if size % nodes:
         raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
                                               "(ACCELDEMO_POOL_NNODES)")
+    refusal = hardware.tensor_parallel_refusal(size // nodes)
+    if refusal:
+        raise InvalidRequest("tp_size", size, refusal)
     count = hardware.detect().device_count * nodes
     if hardware.name != "cpu" and size > count:
         where = "here" if nodes == 1 else f"on the pool's {nodes} nodes"

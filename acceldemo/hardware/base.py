@@ -114,6 +114,19 @@ class Hardware:
         """Arguments to `enable_model_cpu_offload`; the recipe lets diffusers find the device itself."""
         return {}
 
+    def tensor_parallel_sizes(self) -> tuple[int, ...] | None:
+        """The processes per host this hardware's launcher accepts here; None when any number works."""
+        return None
+
+    def tensor_parallel_refusal(self, per_host: int) -> str | None:
+        """Why `per_host` tensor-parallel processes per host cannot be launched here, or None when they can."""
+        sizes = self.tensor_parallel_sizes()
+        if sizes is None or per_host in sizes:
+            return None
+        listed = ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+        return f"{self.detect().generation or self.name} runs tensor parallel on {listed} chips — " \
+               f"{per_host} is not one of them"
+
     def launcher_env(self, nproc_per_node: int) -> dict[str, str]:
         """Environment torchrun's processes need on this hardware, beyond torchrun's own."""
         return {}

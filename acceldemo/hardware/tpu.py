@@ -14,6 +14,15 @@ from ..errors import HardwareUnavailable, UnsupportedCombination
 from .base import Availability, Hardware, probe_script
 
 EAGER_MODE_NAMES = {"eager": "DEFER_NEVER", "eager-fused": "DEFER_AND_FUSE"}
+# Processes per host that torch-tpu's launcher accepts, by the generation torch.tpu names: set_tpu_launch_env looks
+# the count up in its generation's topology table and raises ("No TPU topology found for count: 2") for any other.
+TENSOR_PARALLEL_SIZES = {
+    "TPU v4": (1, 2, 4, 8),
+    "TPU v5p": (1, 2, 4, 8),
+    "TPU v5e": (1, 4, 8),
+    "TPU v6e": (1, 4, 8),
+    "TPU v7": (2, 4, 8),
+}
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _LAUNCH_ENV_MARK = "ACCELDEMO-TPU-LAUNCH-ENV "
 
@@ -68,6 +77,9 @@ return {{'available': True, 'reason': f'{{n}} x {{chip.name}}', 'device_count': 
         import torch
 
         return torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, EAGER_MODE_NAMES.get(mode, "DEFER_NEVER")))
+
+    def tensor_parallel_sizes(self) -> tuple[int, ...] | None:
+        return TENSOR_PARALLEL_SIZES.get(self.detect().generation)
 
     def launcher_env(self, nproc_per_node: int) -> dict[str, str]:
         """What torch.tpu.distributed.set_tpu_launch_env sets for `nproc_per_node` ranks: TORCH_TPU_TOPOLOGY,
