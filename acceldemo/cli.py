@@ -106,7 +106,8 @@ def cmd_info(args) -> int:
             "title": spec.title, "pipeline": spec.pipeline_class, "repo": spec.repo, "steps": spec.steps,
             "guidance": spec.guidance, "default_size": str(spec.default_shape),
             "presets": [str(s) for s in spec.presets], "granularity": spec.granularity,
-            "placement": {n: propose_placement(spec, a).__dict__ for n, a in found.items() if a.available},
+            "placement": {n: propose_placement(spec, a, HARDWARE[n].tensor_parallel_sizes()).__dict__
+                          for n, a in found.items() if a.available},
             "modes": {n: {o.name: (o.ok, o.reason) for o in mode_options(spec, HARDWARE[n], None)}
                       for n, a in found.items() if a.available}}
     packages = ArtifactStore.of(settings).report(settings.precompile)

@@ -9,7 +9,6 @@ app's own: validation, SessionManager, LocalExecutor, apply_recipe, run_pipeline
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from acceldemo.hardware import HARDWARE
 from tests.fakes.fake_process import run_in_fake_device_process
-from tests.fakes.standin_packages import python_path, write_torch_neuronx, write_torch_tpu
+from tests.fakes.standin_packages import SIMULATED_TPUS, python_path, write_torch_neuronx, write_torch_tpu
 
 # The variables `import acceldemo` points into its cache dir. Each child gets its own cache dir,
 # so it must not inherit the values this test process already set.
@@ -112,6 +111,8 @@ result = {
 """
 
 TPU_CHILD = _APP_UNDER_TEST + """
+import torch.distributed
+
 from acceldemo.hardware.tpu import TpuHardware
 
 # The one patch of app code: this host has no TPU chip to find.
@@ -132,16 +133,17 @@ result = {
     "visits": visits,
     "difference_to_cpu": difference,
     "imported_before_first_request": imported_before_first_request,
-    "compilation_cache_root_at_import": sys.modules[PACKAGE].COMPILATION_CACHE_ROOT_AT_IMPORT,
+    "compilation_cache_root": sys.modules[PACKAGE].COMPILATION_CACHE_ROOT,
+    "tpu_dist_registered": "tpu_dist" in torch.distributed.Backend.backend_list,
 }
 """
 
 
-def _run_child(device: str, package: str, code: str, tmp: Path, write_standin) -> dict[str, Any]:
+def _run_child(device: str, package: str, code: str, tmp: Path, write_standin, **host: str) -> dict[str, Any]:
     cache = tmp / "cache"
     prelude = f"CACHE_VARIABLES = {CACHE_VARIABLES!r}\nHARDWARE_NAME = {device!r}\nPACKAGE = {package!r}\n"
     env = {"ACCELDEMO_CACHE_DIR": str(cache), "PYTHONPATH": python_path(write_standin(tmp / "site")),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **host}
     found = run_in_fake_device_process(device, prelude + code, env=env, timeout_s=300)
     return {**found, "cache_dir": str(cache)}
 
@@ -153,8 +155,9 @@ def children(tmp_path_factory) -> dict[str, Future]:
         yield {
             "neuron": pool.submit(_run_child, "neuron", "torch_neuronx", NEURON_CHILD,
                                   tmp_path_factory.mktemp("neuron"), write_torch_neuronx),
+            # One simulated chip, as the fake device has one.
             "tpu": pool.submit(_run_child, "tpu", "torch_tpu", TPU_CHILD, tmp_path_factory.mktemp("tpu"),
-                               write_torch_tpu),
+                               write_torch_tpu, **{SIMULATED_TPUS: "v6e:1"}),
         }
 
 
@@ -276,9 +279,14 @@ def test_neuron_rank_owns_the_core_of_its_local_rank_in_its_pools_group(on_neuro
 # --- TPU -----------------------------------------------------------------------------------------
 
 
-def test_tpu_package_is_imported_by_the_app_with_its_compilation_cache_in_the_app_cache_dir(on_tpu):
+def test_tpu_device_is_started_by_the_app_through_the_package_loader_with_autoload_off(on_tpu):
+    # Importing torch_tpu starts no device; the app ran the package's torch.backends entry point itself.
     assert not on_tpu["imported_before_first_request"]
-    assert on_tpu["compilation_cache_root_at_import"] == f"{on_tpu['cache_dir']}/tpu"
+    assert on_tpu["tpu_dist_registered"]
+
+
+def test_tpu_compilation_cache_the_package_reads_at_its_first_compile_is_in_the_app_cache_dir(on_tpu):
+    assert on_tpu["compilation_cache_root"] == f"{on_tpu['cache_dir']}/tpu"
 
 
 @pytest.mark.parametrize("mode, eager_mode", [("eager", "DEFER_NEVER"), ("eager-fused", "DEFER_AND_FUSE")])
@@ -305,40 +313,3 @@ def test_tpu_images_have_the_asked_size_and_paint_what_cpu_paints(on_tpu, mode):
     assert ran(on_tpu, "cpu eager")["image_size"] == [96, 64]
     assert ran(on_tpu, mode)["image_size"] == [96, 64]
     assert on_tpu["difference_to_cpu"][mode] <= PIXEL_TOLERANCE
-
-
-def _launcher_env(monkeypatch, tmp_path: Path, launch_api: str, autoload: bool) -> tuple[dict, list]:
-    """TpuHardware.launcher_env(4) on a host whose torch_tpu offers `launch_api`; its env and the calls seen."""
-    calls = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("PYTHONPATH", python_path(write_torch_tpu(tmp_path / "site", launch_api)))
-    monkeypatch.setenv("STANDIN_TORCH_TPU_CALLS", str(calls))
-    if autoload:
-        monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
-    else:
-        monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-    env = HARDWARE["tpu"].launcher_env(4)
-    seen = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
-    return env, seen
-
-
-FOUR_CHIPS = {"TPU_VISIBLE_CHIPS": "0,1,2,3", "TPU_PROCESS_BOUNDS": "1,1,4", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1"}
-
-
-def test_tpu_launcher_env_comes_from_set_tpu_launch_env_when_torch_tpu_has_it(monkeypatch, tmp_path):
-    env, seen = _launcher_env(monkeypatch, tmp_path, "set_tpu_launch_env", autoload=True)
-    assert seen == [{"api": "set_tpu_launch_env", "nproc_per_node": 4}]
-    assert env == FOUR_CHIPS
-
-
-def test_tpu_launcher_env_falls_back_to_the_singlehost_wrapper_without_the_new_api(monkeypatch, tmp_path):
-    env, seen = _launcher_env(monkeypatch, tmp_path, "singlehost_wrapper", autoload=True)
-    assert seen == [{"api": "singlehost_wrapper", "nproc_per_node": 4}]
-    assert env == FOUR_CHIPS
-
-
-def test_tpu_launcher_env_finds_set_tpu_launch_env_with_backend_autoload_off(monkeypatch, tmp_path):
-    # With autoload off the app must import torch_tpu itself (SPEC §1), in every process it starts.
-    env, seen = _launcher_env(monkeypatch, tmp_path, "set_tpu_launch_env", autoload=False)
-    assert seen == [{"api": "set_tpu_launch_env", "nproc_per_node": 4}]
-    assert env == FOUR_CHIPS
-

@@ -10,7 +10,6 @@ import pytest
 from acceldemo.hardware import HARDWARE, Availability, detect_all, get_hardware
 from acceldemo.hardware.base import GiB, Hardware, probe_script
 from acceldemo.records import DeviceSet
-from acceldemo.hardware.tpu import parse_exports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,8 +47,8 @@ def _fake_packages(tmp_path, names):
     return str(tmp_path)
 
 
-def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
-    # torch_tpu without libtpu aborts `import torch` through autoload; the app must switch it off first.
+def _tpu_detected_in_a_fresh_app(tmp_path, **env):
+    """What a fresh `import acceldemo` makes of a host whose torch_tpu is an empty stand-in: detection, autoload."""
     path = _fake_packages(tmp_path, ["torch_tpu"])
     code = textwrap.dedent("""
         import json, os, acceldemo
@@ -58,9 +57,30 @@ def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
         found = get_hardware("tpu").detect()
         print(json.dumps([found.available, found.reason, os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")]))
     """)
+    clean = {k: v for k, v in os.environ.items() if k not in ("TPU_LIBRARY_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": f"{ROOT}:{path}"}, timeout=120)
-    assert json.loads(out.stdout.splitlines()[-1]) == [False, "torch_tpu is installed but libtpu is missing", "0"]
+                         env={**clean, "PYTHONPATH": f"{ROOT}:{path}", **env}, timeout=120)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_tpu_without_libtpu_is_reported_and_torch_still_loads(tmp_path):
+    # torch_tpu that cannot load libtpu aborts `import torch` through autoload; the app must switch it off first.
+    assert _tpu_detected_in_a_fresh_app(tmp_path) == [
+        False, "torch_tpu is installed but libtpu is missing: install libtpu, or set TPU_LIBRARY_PATH to a libtpu.so",
+        "0"]
+
+
+def test_tpu_library_path_stands_in_for_the_libtpu_package(tmp_path):
+    library = tmp_path / "libtpu.so"
+    library.write_bytes(b"")
+    # Autoload stays on; the empty stand-in then starts no device.
+    assert _tpu_detected_in_a_fresh_app(tmp_path, TPU_LIBRARY_PATH=str(library)) == [
+        False, "torch_tpu is installed but finds no TPU chip", None]
+
+
+def test_tpu_library_path_to_no_file_is_reported_and_torch_still_loads(tmp_path):
+    assert _tpu_detected_in_a_fresh_app(tmp_path, TPU_LIBRARY_PATH="/nowhere/libtpu.so") == [
+        False, "TPU_LIBRARY_PATH=/nowhere/libtpu.so is not a file (torch_tpu loads libtpu from it)", "0"]
 
 
 def test_neuron_package_without_devices_says_so(tmp_path, monkeypatch):
@@ -121,11 +141,6 @@ def test_compile_caches_point_into_the_app_cache_dir_and_operator_values_win(tmp
         "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": f"{tmp_path}/tpu", "TRITON_CACHE_DIR": "/operator/triton"}
 
 
-def test_launcher_exports_are_parsed():
-    text = "Run these first:\nexport TPU_VISIBLE_CHIPS=0,1\n  export TPU_PROCESS_BOUNDS='1,1,1'\nnoise\n"
-    assert parse_exports(text) == {"TPU_VISIBLE_CHIPS": "0,1", "TPU_PROCESS_BOUNDS": "1,1,1"}
-
-
 def test_device_sets_are_written_as_hardware_index():
     assert [str(DeviceSet.parse(t)) for t in ("cpu:0", "cuda:3", "neuron:0-1", "neuron:4,5,6,7", "cuda:0,2")] == \
         ["cpu:0", "cuda:3", "neuron:0-1", "neuron:4-7", "cuda:0,2"]
@@ -180,3 +195,12 @@ def test_an_accelerator_lists_its_devices_and_groups_them_for_tensor_parallelism
     cuda = type(HARDWARE["cuda"])()
     cuda._detected = Availability(True, "2 x H200", 2, 141 * GiB)
     assert cuda.in_process(DeviceSet("cuda", (1,))) and cuda.torch_device(DeviceSet("cuda", (1,))) == "cuda:1"
+
+
+def test_a_tpu_host_has_one_tensor_parallel_group_from_chip_0():
+    # In a torchrun rank torch-tpu sets TPU_VISIBLE_DEVICES to the local rank itself (checked against the real wheel
+    # in test_torch_tpu_conformance.py): a pool on chips 4-7 would run on chips 0-3.
+    tpu = type(HARDWARE["tpu"])()
+    tpu._detected = Availability(True, "8 x TPU v6e", 8, 32 * GiB, "TPU v6e")
+    assert [str(s) for s in tpu.device_sets(4)] == ["tpu:0-3"]
+    assert [str(s) for s in tpu.device_sets(1)] == [f"tpu:{i}" for i in range(8)]

@@ -3,10 +3,12 @@ import pytest
 
 from acceldemo.config import Settings
 from acceldemo.engine import mode_options, propose_placement
+from acceldemo.engine.validation import check_placement
 from acceldemo.engine.validation import check_request as check_with
 from acceldemo.errors import HardwareUnavailable, InvalidRequest, UnknownName, UnsupportedCombination
 from acceldemo.hardware import Availability, get_hardware
 from acceldemo.hardware.base import GiB
+from acceldemo.hardware.tpu import TpuHardware
 from acceldemo.models.catalog import CATALOG
 from acceldemo.records import GenerateRequest
 
@@ -96,3 +98,25 @@ def test_placement_is_proposed_from_weights_and_device_memory(model, memory_gib,
     proposal = propose_placement(CATALOG[model], Availability(True, "", count, memory_gib * GiB))
     assert (proposal.name, proposal.tp_size) == (placement, tp)
     assert "GB" in proposal.reason
+
+
+class _V6eHost(TpuHardware):
+    """A TPU host of 8 v6e chips, as detection reports it."""
+
+    def detect(self) -> Availability:
+        return Availability(True, "8 x TPU v6e", 8, 32 * GiB, "TPU v6e")
+
+
+def test_tp_size_the_tpu_launcher_cannot_start_is_refused_naming_the_sizes_that_work():
+    with pytest.raises(InvalidRequest) as raised:
+        check_placement(CATALOG["flux2-dev"], _V6eHost(), "tp", 2)
+    assert str(raised.value) == ("tp_size=2 is not accepted: TPU v6e runs tensor parallel on 1, 4 or 8 chips — "
+                                 "2 is not one of them")
+    assert [check_placement(CATALOG["flux2-dev"], _V6eHost(), "tp", size) for size in (4, 8)] == [4, 8]
+
+
+@pytest.mark.parametrize("sizes, tp", [(None, 2), ((1, 4, 8), 4), ((2, 4, 8), 2)])
+def test_tensor_parallel_is_proposed_only_over_sizes_the_launcher_accepts(sizes, tp):
+    # FLUX.2-dev's largest component fits two 48 GiB devices.
+    proposal = propose_placement(CATALOG["flux2-dev"], Availability(True, "", 8, 48 * GiB), sizes)
+    assert (proposal.name, proposal.tp_size) == ("tp", tp)

@@ -56,8 +56,11 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: str | None) -> 
     return options
 
 
-def propose_placement(spec: ModelSpec, found: Availability) -> Placement:
-    """Where the model should go on this hardware, from its weight sizes and the device memory."""
+def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> Placement:
+    """Where the model should go on this hardware, from its weight sizes and the device memory.
+
+    sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
+    """
     memory = found.memory_bytes
     weights = spec.weight_bytes * HEADROOM
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
@@ -66,9 +69,9 @@ def propose_placement(spec: ModelSpec, found: Availability) -> Placement:
     if spec.largest_component_bytes * HEADROOM <= memory:
         return Placement("offload", 1, f"{gb(spec.weight_bytes)} of weights exceed one device ({gb(memory)}), "
                                        f"but each component fits: offload moves one at a time")
-    size = 2
-    while size <= max(found.device_count, 2) and spec.largest_component_bytes * HEADROOM / size > memory:
-        size *= 2
+    candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
+    size = next((n for n in candidates if n > max(found.device_count, 2)
+                 or spec.largest_component_bytes * HEADROOM / n <= memory), candidates[-1])
     return Placement("tp", size, f"the largest component ({gb(spec.largest_component_bytes)}) exceeds one device "
                                  f"({gb(memory)}): tensor parallel over {size}")
 
@@ -139,7 +142,7 @@ def check_request(request: GenerateRequest, settings: Settings) -> GenerateReque
         raise UnknownName("mode", request.mode, all_modes())
     if request.placement is not None and request.placement not in PLACEMENTS:
         raise UnknownName("placement", request.placement, PLACEMENTS)
-    proposed = propose_placement(spec, hardware.detect())
+    proposed = propose_placement(spec, hardware.detect(), hardware.tensor_parallel_sizes())
     placement = request.placement or proposed.name
     for option in mode_options(spec, hardware, placement):
         if option.name == request.mode and not option.ok:
@@ -173,11 +176,25 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size
     if size % nodes:
         raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
                                               "(ACCELDEMO_POOL_NNODES)")
+    refusal = hardware.tensor_parallel_refusal(size // nodes)
+    if refusal:
+        raise InvalidRequest("tp_size", size, refusal)
     count = len(hardware.devices()) * nodes
     if not hardware.device_sets(size // nodes):  # CPU ranks share cores: every size has a group there
         where = "here" if nodes == 1 else f"on the pool's {nodes} nodes"
         raise InvalidRequest("tp_size", size, f"at most the {count} {hardware.name} devices {where}")
     return size
+
+
+def tensor_parallel_options(spec: ModelSpec, hardware: Hardware, nodes: int = 1) -> list[int]:
+    """Every tensor-parallel size a request for this model on this hardware would be accepted with."""
+    accepted = []
+    for size in range(2, 65):
+        try:
+            accepted.append(check_placement(spec, hardware, "tp", size, nodes))
+        except (InvalidRequest, UnsupportedCombination):
+            continue
+    return accepted
 
 
 def local_devices(placement: str, tp_size: int, nodes: int) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -27,6 +28,8 @@ class Availability:
     reason: str
     device_count: int = 0
     memory_bytes: int = 0  # per device
+    # The chip generation as its package names it ("TPU v6e"), where the hardware has generations that differ.
+    generation: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class Hardware:
         override = settings().device_memory_gb.get(self.name)
         if not found.available or not override:
             return found
-        return Availability(True, found.reason, found.device_count, int(override * GiB))
+        return dataclasses.replace(found, memory_bytes=int(override * GiB))
 
     def devices(self) -> tuple[Device, ...]:
         """The devices found here, `hardware:0` first; none when the hardware is absent."""
@@ -132,7 +135,7 @@ class Hardware:
         return None
 
     # Python run in a fresh interpreter; it must print one JSON object:
-    # {"available": bool, "reason": str, "device_count": int, "memory_bytes": int}.
+    # {"available": bool, "reason": str, "device_count": int, "memory_bytes": int, "generation": str}.
     probe_code: ClassVar[str] = ""
 
     def _probe(self) -> Availability:
@@ -151,7 +154,8 @@ class Hardware:
             return Availability(False, f"probing {self.name} failed (exit {done.returncode}): {tail[:300]}")
         found = json.loads(lines[-1])
         memory = int(found.get("memory_bytes") or self.default_memory_bytes)
-        return Availability(bool(found["available"]), str(found["reason"]), int(found.get("device_count", 0)), memory)
+        return Availability(bool(found["available"]), str(found["reason"]), int(found.get("device_count", 0)), memory,
+                            str(found.get("generation", "")))
 
     def activate(self) -> None:
         """Make the device usable in this process. With autoload on, `import torch` already did it."""
@@ -165,6 +169,19 @@ class Hardware:
     def offload_kwargs(self) -> dict:
         """Arguments to `enable_model_cpu_offload`; the recipe lets diffusers find the device itself."""
         return {}
+
+    def tensor_parallel_sizes(self) -> tuple[int, ...] | None:
+        """The processes per host this hardware's launcher accepts here; None when any number works."""
+        return None
+
+    def tensor_parallel_refusal(self, per_host: int) -> str | None:
+        """Why `per_host` tensor-parallel processes per host cannot be launched here, or None when they can."""
+        sizes = self.tensor_parallel_sizes()
+        if sizes is None or per_host in sizes:
+            return None
+        listed = ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+        return f"{self.detect().generation or self.name} runs tensor parallel on {listed} chips — " \
+               f"{per_host} is not one of them"
 
     def launcher_env(self, nproc_per_node: int) -> dict[str, str]:
         """Environment torchrun's processes need on this hardware, beyond torchrun's own."""

@@ -13,7 +13,8 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..engine import PLACEMENTS, SessionManager, mode_options, parse_resolution, propose_placement
+from ..engine import (PLACEMENTS, SessionManager, mode_options, parse_resolution, propose_placement,
+                      tensor_parallel_options)
 from ..errors import AcceldemoError
 from ..hardware import all_modes, best_available, detect_all, get_hardware
 from ..models.catalog import CATALOG, get_model
@@ -160,12 +161,24 @@ def option_notes(model: str, hardware: str, placement: str) -> str:
     found = hw.detect()
     if not found.available:
         return f"**{hardware} is unavailable:** {found.reason}"
-    proposal = propose_placement(spec, found)
+    proposal = propose_placement(spec, found, hw.tensor_parallel_sizes())
     lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}"
              for o in mode_options(spec, hw, None if placement == AUTO else placement)]
     return "\n".join([f"**Proposed placement:** `{proposal.name}`"
                       + (f" × {proposal.tp_size}" if proposal.name == "tp" else "") + f" — {proposal.reason}",
                       *lines])
+
+
+def tp_size_choices(model: str, hardware: str, nodes: int) -> dict:
+    """The tensor-parallel sizes the engine accepts for this model here (TPU: its generation's) and the one chosen:
+    the proposal's when it is one of them."""
+    try:
+        spec, hw = get_model(model), get_hardware(hardware)
+    except AcceldemoError:
+        return {"choices": [], "value": None}
+    choices = tensor_parallel_options(spec, hw, nodes) if hw.detect().available else []
+    proposal = propose_placement(spec, hw.detect(), hw.tensor_parallel_sizes()).tp_size if choices else None
+    return {"choices": choices, "value": proposal if proposal in choices else next(iter(choices), None)}
 
 
 def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
@@ -217,10 +230,16 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
         return status_rows(manager), device_rows(manager), latency_points(manager), \
             f"Start-up warm-up: {state}  \n{line}  \n{describe_packages(manager.precompiled())}"
 
+    nodes = manager.settings.pool_nnodes
+
     def on_model(model, hardware, placement):
         spec = get_model(model)
         return (gr.update(choices=[str(s) for s in spec.presets], value=str(spec.default_shape)),
-                spec.steps, spec.guidance, option_notes(model, hardware, placement))
+                spec.steps, spec.guidance, option_notes(model, hardware, placement),
+                gr.update(**tp_size_choices(model, hardware, nodes)))
+
+    def on_hardware(model, hardware, placement):
+        return option_notes(model, hardware, placement), gr.update(**tp_size_choices(model, hardware, nodes))
 
     # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes.
     with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as page:
@@ -246,7 +265,9 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                     with gr.Row():
                         placement = gr.Dropdown([AUTO, *PLACEMENTS], value=AUTO, label="Placement",
                                                 elem_id="placement")
-                        tp_size = gr.Number(2, label="TP world size", precision=0)
+                        # Any typed size reaches the engine, which says why it is refused; the list is what works here.
+                        tp_size = gr.Dropdown(label="TP world size", allow_custom_value=True, elem_id="tp-size",
+                                              **tp_size_choices(default.name, default_hw, nodes))
                 notes = gr.Markdown(option_notes(default.name, default_hw, AUTO), elem_id="mode-notes")
                 with gr.Row():
                     run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
@@ -284,8 +305,9 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
 
         gr.api(pipelines, api_name="status", queue=False)
         dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
-        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes], queue=False,
-                     api_visibility="private")
-        for changed in (hardware, placement):
-            changed.change(option_notes, [model, hardware, placement], notes, queue=False, api_visibility="private")
+        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes, tp_size],
+                     queue=False, api_visibility="private")
+        hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
+                        api_visibility="private")
+        placement.change(option_notes, [model, hardware, placement], notes, queue=False, api_visibility="private")
     return page

@@ -22,9 +22,10 @@ class CompiledGraph:
     input_device_types: tuple[str, ...]
 
 
-def register_recording_backend(name: str) -> list[CompiledGraph]:
+def register_recording_backend(name: str, on_graph: Callable[[], None] = lambda: None) -> list[CompiledGraph]:
     """Register `name` as a compile backend; return the list it appends each graph to.
 
+    `on_graph` runs before each graph is recorded (a stand-in package reads its settings then).
     Calling again with the same name returns the same list. A name that someone
     else registered (for example "inductor") raises ValueError rather than hiding
     the real backend.
@@ -38,6 +39,7 @@ def register_recording_backend(name: str) -> list[CompiledGraph]:
     def record_and_run_eagerly(
         gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
     ) -> Callable[..., object]:
+        on_graph()
         records.append(
             CompiledGraph(
                 graph=gm,

@@ -2,16 +2,20 @@
 
 Each does, in miniature, what the real package does when it loads: makes its device's
 `torch.<name>` namespace usable, registers the compile backend under the real name
-(a recording one, from recording_backend.py) when its device is present, and notes what
-it saw at import (its compile-cache variable), so a test can tell when the app loaded it
-and with which environment. The fake device itself comes from fake_device.py.
+(a recording one, from recording_backend.py), and notes the compile-cache variable it read,
+so a test can tell when the app loaded it and with which environment. The fake device
+itself comes from fake_device.py.
 
-The torch_tpu stand-in is a distribution with a `torch.backends` entry point, so torch's
-backend autoload finds it as it finds the real one; its launch API is either the one of
-torch-tpu 0.2.0 (`torch.tpu.distributed.set_tpu_launch_env`) or the brief's older
-`python -m torch_tpu._internal.distributed.launchers.singlehost_wrapper`.
-Both record each launch-env call as a JSON line in the file named by
-STANDIN_TORCH_TPU_CALLS, as those calls happen in processes the app starts.
+The torch_tpu stand-in follows torch-tpu 0.2.0, which tests/test_torch_tpu_conformance.py
+checks it against: a distribution whose `torch.backends` entry point (its loader) starts
+the device and registers the "tpu_dist" process-group backend only on a host with chips,
+while importing it defines `torch.tpu` and the "tpu" compile backend, chips or not. The
+host's chips are the simulated ones named by ACCELDEMO_TEST_SIMULATED_TPUS, as for the real
+package in the conformance tests. It has no launch API: TorchTPU's launch environment is
+tested against the real package only.
+The torch_neuronx stand-in cannot be checked against its package, which installs only from
+AWS's own repository: it does what AWS documents, registering the "neuron" backend at import
+where the fake device is present and reading its NEFF cache folder then.
 """
 
 from __future__ import annotations
@@ -21,81 +25,47 @@ from pathlib import Path
 
 from tests.fakes.fake_process import REPO_ROOT
 
-# What either launch API exports for N processes on one host, as TorchTPU's launcher would.
-_LAUNCH = '''
-"""The exports of the launch env for one host; both launch APIs of the stand-in use them."""
-import json
-import os
-
-
-def exports(nproc_per_node):
-    return {
-        "TPU_VISIBLE_CHIPS": ",".join(str(i) for i in range(nproc_per_node)),
-        "TPU_PROCESS_BOUNDS": f"1,1,{nproc_per_node}",
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-    }
-
-
-def record(api, **arguments):
-    path = os.environ.get("STANDIN_TORCH_TPU_CALLS")
-    if path:
-        with open(path, "a") as calls:
-            calls.write(json.dumps({"api": api, **arguments}) + "\\n")
-'''
-
-_TPU_DISTRIBUTED = '''
-"""Stand-in for torch.tpu.distributed of torch-tpu 0.2.0."""
-import os
-
-from torch_tpu._launch import exports, record
-
-
-def set_tpu_launch_env(*, nproc_per_node):
-    record("set_tpu_launch_env", nproc_per_node=nproc_per_node)
-    os.environ.update(exports(nproc_per_node))
-'''
-
-_SINGLEHOST_WRAPPER = '''
-"""Stand-in for the brief's launcher module: prints the exports for a shell to source."""
-import argparse
-
-from torch_tpu._launch import exports, record
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--nproc_per_node", type=int, required=True)
-nproc_per_node = parser.parse_args().nproc_per_node
-record("singlehost_wrapper", nproc_per_node=nproc_per_node)
-print("# run these before torchrun:")
-for name, value in exports(nproc_per_node).items():
-    print(f"export {name}={value}")
-'''
+# "GENERATION:CHIPS" ("v6e:4"): the TPU chips a process's host has, for the stand-in and the simulated real package.
+SIMULATED_TPUS = "ACCELDEMO_TEST_SIMULATED_TPUS"
 
 _TPU_INIT = '''
-"""Stand-in for TorchTPU (torch_tpu)."""
+"""Stand-in for TorchTPU (torch_tpu) 0.2.0 on the fake device of tests/fakes."""
 import contextlib
 import enum
 import os
 import sys
 import types
+import warnings
 
-
-def _autoload():
-    """torch's `torch.backends` entry point: importing the package does the work.
-
-    Defined before `import torch`: when this package is imported first, that import autoloads
-    it again while it is still half-initialised.
-    """
-
+# As torch_tpu's loader does: autoload off while torch loads, or importing this package first would make torch run
+# the entry point of a half-imported package. `load()` puts the value back.
+_AUTOLOAD_AT_IMPORT = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
-# Where the compilation cache pointed when the package loaded: it reads it then.
-COMPILATION_CACHE_ROOT_AT_IMPORT = os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT")
+from tests.fakes import fake_device  # noqa: E402
+from tests.fakes.recording_backend import register_recording_backend  # noqa: E402
+
+_LOADED = False
+# What TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT held when the cache was first used (the first compile): the real
+# runtime reads it once, then.
+COMPILATION_CACHE_ROOT = None
+_cache_root_read = False
+
+
+def _read_compilation_cache_root():
+    global COMPILATION_CACHE_ROOT, _cache_root_read
+    if not _cache_root_read:
+        COMPILATION_CACHE_ROOT, _cache_root_read = os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"), True
 
 
 class EagerMode(enum.Enum):
-    DEFER_NEVER = "DEFER_NEVER"
-    DEFER_AND_FUSE = "DEFER_AND_FUSE"
+    DEFER_AND_FUSE = 0
+    DEFER_NEVER = 1
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = 2
+    _INTERNAL_COMPILE_FX_GRAPH = 4
 
 
 # Modes entered through set_eager_mode, innermost last: what is active right now.
@@ -107,37 +77,59 @@ def active_eager_mode():
     return _entered[-1].name if _entered else None
 
 
-@contextlib.contextmanager
 def set_eager_mode(mode):
+    warnings.warn("<TorchTpu/ApiStage/ExperimentalApi/> set_eager_mode is experimental and subject to change",
+                  UserWarning, stacklevel=2)
     if not isinstance(mode, EagerMode):
         raise TypeError(f"set_eager_mode takes an EagerMode, not {mode!r}")
-    before, tpu.eager_mode = tpu.eager_mode, mode
+    return _eager_mode_block(mode)
+
+
+@contextlib.contextmanager
+def _eager_mode_block(mode):
+    before, torch.tpu.eager_mode = torch.tpu.eager_mode, mode
     _entered.append(mode)
     try:
         yield
     finally:
         _entered.pop()
-        tpu.eager_mode = before
+        torch.tpu.eager_mode = before
 
 
-# Where a TPU device is present (the fake device of tests/fakes), torch.tpu is its device module.
-device_present = hasattr(torch, "tpu")
-tpu = torch.tpu if device_present else types.ModuleType("torch.tpu")
-if not device_present:
-    torch.tpu = sys.modules["torch.tpu"] = tpu
-tpu.EagerMode, tpu.set_eager_mode, tpu.eager_mode = EagerMode, set_eager_mode, EagerMode.DEFER_NEVER
-{launch_api}
-if device_present:
-    from tests.fakes.recording_backend import register_recording_backend
+def _publish(module):
+    module.EagerMode, module.set_eager_mode, module.eager_mode = EagerMode, set_eager_mode, EagerMode.DEFER_NEVER
 
-    GRAPHS = register_recording_backend("tpu")
 
-'''
+def _simulated_chips():
+    return int(os.environ.get("ACCELDEMO_TEST_SIMULATED_TPUS", "").partition(":")[2] or 0)
 
-_NEW_LAUNCH_API = '''
-from torch_tpu import _distributed
 
-tpu.distributed = sys.modules["torch.tpu.distributed"] = _distributed
+def _no_collectives(store, rank, size, timeout):
+    raise NotImplementedError("the torch_tpu stand-in has no collectives; tensor parallel on TPU is tested against "
+                              "the real package")
+
+
+def load():
+    """The `torch.backends` entry point: on a host with chips, the device "tpu" and the "tpu_dist" backend."""
+    global _LOADED
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _AUTOLOAD_AT_IMPORT
+    if _LOADED or not _simulated_chips():
+        return
+    if fake_device._installed_name != "tpu":
+        del torch.tpu
+        sys.modules.pop("torch.tpu", None)
+        fake_device.install_fake_device("tpu")
+        _publish(torch.tpu)
+    dist.Backend.register_backend("tpu_dist", _no_collectives, devices=["tpu"])
+    _LOADED = True
+
+
+if not hasattr(torch, "tpu"):
+    torch.tpu = sys.modules["torch.tpu"] = types.ModuleType("torch.tpu")
+_publish(torch.tpu)
+GRAPHS = register_recording_backend("tpu", on_graph=_read_compilation_cache_root)
+if _AUTOLOAD_AT_IMPORT == "1":
+    load()
 '''
 
 _NEURONX_INIT = '''
@@ -172,24 +164,11 @@ def write_torch_neuronx(root: Path) -> Path:
     return root
 
 
-def write_torch_tpu(root: Path, launch_api: str = "set_tpu_launch_env") -> Path:
-    """A torch_tpu stand-in distribution under `root`; returns `root`.
-
-    launch_api: "set_tpu_launch_env" (torch-tpu 0.2.0) or "singlehost_wrapper" (the brief's module).
-    """
-    if launch_api not in ("set_tpu_launch_env", "singlehost_wrapper"):
-        raise ValueError(f"unknown launch_api {launch_api!r}")
-    new_api = launch_api == "set_tpu_launch_env"
-    _write(root, "torch_tpu/__init__.py", _TPU_INIT.replace("{launch_api}", _NEW_LAUNCH_API if new_api else ""))
-    _write(root, "torch_tpu/_launch.py", _LAUNCH)
-    if new_api:
-        _write(root, "torch_tpu/_distributed.py", _TPU_DISTRIBUTED)
-    else:
-        for package in ("_internal", "_internal/distributed", "_internal/distributed/launchers"):
-            _write(root, f"torch_tpu/{package}/__init__.py", "")
-        _write(root, "torch_tpu/_internal/distributed/launchers/singlehost_wrapper.py", _SINGLEHOST_WRAPPER)
+def write_torch_tpu(root: Path) -> Path:
+    """A torch_tpu stand-in distribution under `root`, found by torch's backend autoload; returns `root`."""
+    _write(root, "torch_tpu/__init__.py", _TPU_INIT)
     _write(root, "torch_tpu-0.0.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: torch_tpu\nVersion: 0.0.0\n")
-    _write(root, "torch_tpu-0.0.0.dist-info/entry_points.txt", "[torch.backends]\ntorch_tpu = torch_tpu:_autoload\n")
+    _write(root, "torch_tpu-0.0.0.dist-info/entry_points.txt", "[torch.backends]\ntorch_tpu = torch_tpu:load\n")
     return root
 
 
