@@ -52,6 +52,11 @@ class Settings:
     cpu_compile_backend: str = "inductor"
     # The model a request that names none gets (and the page shows first).
     default_model: str = "tiny-shapes"
+    # Copies of a pipeline, one per device set, per hardware ("*" for every hardware): requests go to whichever is
+    # free. Unset: what the placement proposal says (every device of an accelerator; one on CPU).
+    replicas: dict[str, int] = field(default_factory=dict)
+    # How many devices the CPU's cores are split into (each a replica's own cores); unset: the CPU's replicas, or 1.
+    cpu_devices: int | None = None
     # Hosts a tensor-parallel pool spans (this one is node 0), and where the other nodes join when more than one.
     pool_nnodes: int = 1
     pool_rdzv_endpoint: str | None = None
@@ -103,6 +108,8 @@ class Settings:
             device_memory_gb={name: gb for name, gb in memory.items() if gb > 0},
             cpu_compile_backend=text("ACCELDEMO_CPU_COMPILE_BACKEND", "inductor"),
             default_model=text("ACCELDEMO_DEFAULT_MODEL", "tiny-shapes"),
+            replicas=per_hardware("ACCELDEMO_REPLICAS", env.get("ACCELDEMO_REPLICAS")),
+            cpu_devices=number("ACCELDEMO_CPU_DEVICES", None, int),
             pool_nnodes=max(number("ACCELDEMO_POOL_NNODES", 1, int), 1),
             pool_rdzv_endpoint=text("ACCELDEMO_POOL_RDZV_ENDPOINT"),
             host=text("ACCELDEMO_HOST", "127.0.0.1"),
@@ -112,6 +119,10 @@ class Settings:
             api_token=text("ACCELDEMO_API_TOKEN"),
         )
 
+    def replicas_of(self, hardware: str) -> int | None:
+        """The operator's replica count for a hardware, or None to follow the placement proposal."""
+        return self.replicas.get(hardware, self.replicas.get("*"))
+
     def to_json(self) -> str:
         return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
 
@@ -120,6 +131,24 @@ class Settings:
         values = json.loads(text)
         paths = {"cache_dir", "model_dir"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
+
+
+def per_hardware(name: str, value: str | None) -> dict[str, int]:
+    """A count for every hardware (`N`, kept under "*") or per hardware (`cpu=2,cuda=4`); {} when unset."""
+    value = (value or "").strip()
+    if not value:
+        return {}
+    counts: dict[str, int] = {}
+    try:
+        for part in value.split(","):
+            hardware, _, count = part.rpartition("=")
+            counts[hardware.strip() or "*"] = int(count)
+    except ValueError:
+        counts = {}
+    if not counts or min(counts.values()) < 1:
+        raise ValueError(f"{name}={value!r} is not accepted: a whole number of at least 1, or per hardware as "
+                         "cpu=2,cuda=4")
+    return counts
 
 
 _current: Settings | None = None

@@ -74,6 +74,15 @@ class GenerationFailed(AcceldemoError):
     """The pipeline or compiler failed on a valid request; the message says where."""
 
 
+class ReplicaLost(GenerationFailed):
+    """The process (or pool of processes) holding a replica died or hung: not the request's fault, so the engine
+    restarts the replica and may run the request again elsewhere."""
+
+    def __init__(self, devices: str, message: str):
+        self.devices = devices
+        super().__init__(message)
+
+
 def describe_error(error: BaseException) -> str:
     """One line a person can read: the compiler's own error rather than dynamo's wrapper around it."""
     inner = getattr(error, "inner_exception", None)

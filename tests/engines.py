@@ -1,9 +1,11 @@
 """How tests build a session manager (as the app does, with its executor chosen outside it) and serve it."""
 import contextlib
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from acceldemo.config import Settings
 from acceldemo.engine import SessionManager
@@ -39,3 +41,17 @@ def serving(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def processes_started_by(app_pid: int) -> list[int]:
+    """Running processes of a pool that the app `app_pid` launched (torchrun and ranks carry its pid in their
+    environment), so other pools running on this machine at the same time do not count."""
+    marker = f"ACCELDEMO_POOL_APP_PID={app_pid}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found

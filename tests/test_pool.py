@@ -29,6 +29,7 @@ from acceldemo.executors.recipe import run_pipeline
 from acceldemo.hardware import get_hardware
 from acceldemo.models.catalog import get_model
 from acceldemo.records import DeviceSet, GenerateRequest, PipelineKey, RunOutput, no_progress
+from tests.engines import processes_started_by
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,20 +59,6 @@ def pool_processes(channel: str) -> list[int]:
     for entry in os.listdir("/proc"):
         try:
             if entry.isdigit() and channel.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            pass
-    return found
-
-
-def processes_started_by(app_pid: int) -> list[int]:
-    """Running processes of a pool that the app `app_pid` launched (torchrun and ranks carry its pid in their
-    environment), so other pools running on this machine at the same time do not count."""
-    marker = f"ACCELDEMO_POOL_APP_PID={app_pid}\0".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes():
                 found.append(int(entry))
         except OSError:
             pass

@@ -88,3 +88,19 @@ def test_service_routes(client, server):
                  "acceldemo_compile_seconds_total", "acceldemo_shape_cache_hits_total", "acceldemo_queue_depth",
                  "acceldemo_resident_pipelines", 'acceldemo_precompiled_packages{event="loaded"}'):
         assert name in metrics, name
+
+
+def test_the_latency_chart_has_a_log_axis_and_a_point_per_measurement():
+    from acceldemo.ui.page import latency_chart, series_colors
+
+    figure = latency_chart([("64x64", "compiled first call", 80.0), ("64x64", "compiled warm", 0.05),
+                            ("128x64", "eager first call", 0.4)])
+    (axes,) = figure.axes
+    assert axes.get_yscale() == "log"
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["64x64", "128x64"]
+    drawn = {c.get_label(): [tuple(xy) for xy in c.get_offsets()] for c in axes.collections}
+    assert drawn == {"compiled first call": [(0, 80.0)], "compiled warm": [(0, 0.05)], "eager first call": [(1, 0.4)]}
+    colours = {c.get_label(): c.get_facecolor()[0] for c in axes.collections}
+    import matplotlib.colors
+
+    assert all(matplotlib.colors.to_hex(colours[s]) == series_colors()[s] for s in colours)

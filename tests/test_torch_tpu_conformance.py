@@ -182,7 +182,9 @@ rank = {**launch_env[4], "LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "LOC
         "MASTER_ADDR": "localhost", "MASTER_PORT": "29555"}
 starts_the_runtime = "import torch; print('COUNT', torch.accelerator.device_count(), flush=True); torch.zeros(1, device='tpu')"
 runtime = {}
-for name, extra in (("rank 3 of 4", rank), ("a lone process", {})):
+alone_in_a_pool = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                   "MASTER_ADDR": "localhost", "MASTER_PORT": "29556"}
+for name, extra in (("rank 3 of 4", rank), ("a lone process", {}), ("the rank of a one-rank pool", alone_in_a_pool)):
     # TPU_SKIP_MDS_QUERY: the runtime would ask the cloud metadata server for what the host does not say, for minutes.
     env = {**os.environ, **extra, "TPU_VISIBLE_DEVICES": "4,5,6,7", "TPU_SKIP_MDS_QUERY": "1",
            **({"LD_PRELOAD": RECORDER} if RECORDER else {})}
@@ -493,3 +495,8 @@ def test_in_a_launched_rank_the_runtime_sets_tpu_visible_devices_to_the_local_ra
 
 def test_in_a_lone_process_the_runtime_leaves_tpu_visible_devices_to_libtpu(runs, recorded):
     assert _visible(ran(runs, "v6e:8")["runtime"]["a lone process"]["setenv"]) == {}
+
+
+def test_a_one_rank_pool_without_the_launch_env_keeps_its_pinned_chips(runs, recorded):
+    # A replica on one chip is a one-rank pool: started without torch-tpu's launch env, its pin survives.
+    assert _visible(ran(runs, "v6e:8")["runtime"]["the rank of a one-rank pool"]["setenv"]) == {}

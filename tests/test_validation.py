@@ -120,3 +120,15 @@ def test_tensor_parallel_is_proposed_only_over_sizes_the_launcher_accepts(sizes,
     # FLUX.2-dev's largest component fits two 48 GiB devices.
     proposal = propose_placement(CATALOG["flux2-dev"], Availability(True, "", 8, 48 * GiB), sizes)
     assert (proposal.name, proposal.tp_size) == ("tp", tp)
+
+
+@pytest.mark.parametrize("model, count, placement, replicas, says", [
+    ("flux2-klein-4b", 8, "device", 8, "fit one of 8 device(s) (25.8 GB each): 8 replicas, one per device"),
+    ("flux2-klein-4b", 1, "device", 1, "fit one of 1 device(s) (25.8 GB each)"),
+    ("flux2-dev", 8, "tp", 2, "tensor parallel over 4: 2 replicas, 4 devices each"),
+])
+def test_the_proposal_says_how_many_replicas_the_host_holds(model, count, placement, replicas, says):
+    memory = {"device": 24, "tp": 32}[placement] * GiB
+    proposal = propose_placement(CATALOG[model], Availability(True, "", count, memory), (1, 4, 8))
+    assert (proposal.name, proposal.replicas) == (placement, replicas)
+    assert proposal.reason.endswith(says), proposal.reason

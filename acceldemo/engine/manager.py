@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import Gauge
 
 from ..config import Settings
-from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed, describe_error
+from ..errors import AcceldemoError, Cancelled, CapacityExceeded, GenerationFailed, ReplicaLost, describe_error
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor, LoadedPipeline
 from ..hardware import COMPILED_MODES, HARDWARE, Device, get_hardware
@@ -32,6 +32,7 @@ class CompiledShape:
     """What one static shape of one pipeline costs and how often it was reused."""
 
     shape: Shape
+    devices: DeviceSet | None = None  # the replica holding it
     state: str = "cold"  # cold | compiling | ready | failed
     reason: str = ""
     graphs: int = 0
@@ -62,6 +63,35 @@ class DeviceStatus:
     pipelines: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One replica (a device set that holds pipelines) as a person sees it."""
+
+    devices: DeviceSet
+    state: str  # idle | loading | compiling WxH | busy | restarting | down: <why>
+    waiting: int
+    shapes: tuple[str, ...]  # the shapes its pipelines hold compiled
+    served: int
+    last_latency: float | None
+    restarts: int
+    pipelines: tuple[str, ...]
+
+
+@dataclass
+class _Replica:
+    devices: DeviceSet
+    state: str = "idle"
+    served: int = 0
+    last_latency: float | None = None
+    restarts: int = 0
+    down: str | None = None  # why it is out of service, while it is
+
+
+# A lost replica is started again in the background at most this many times in a row, this far apart.
+RESTART_ATTEMPTS = 3
+RESTART_BACKOFF_S = 5.0
+
+
 @dataclass
 class _Entry:
     key: PipelineKey
@@ -86,6 +116,7 @@ class SessionManager:
         self.stats = EngineStats()
         self.artifacts = ArtifactStore.of(settings)
         self._entries: OrderedDict[PipelineKey, _Entry] = OrderedDict()
+        self._replicas: dict[DeviceSet, _Replica] = {}
         self._lock = threading.RLock()
         self.evictions: list[tuple[float, PipelineKey]] = []
         registry = self.stats.registry
@@ -119,30 +150,58 @@ class SessionManager:
 
     def warm_up(self, request: GenerateRequest, shapes: Iterable[Shape],
                 on_progress: ProgressCallback = no_progress) -> list[CompiledShape]:
-        """Compile the given shapes ahead of requests (one denoise step each), in one turn on one device set;
-        returns their records."""
+        """Compile the given shapes ahead of requests (one denoise step each) on every replica (or the request's own
+        device), one replica after the other: the first compiles each shape, the others load what it left in the
+        persistent compile caches. Returns the records, replica by replica."""
         with self._counted("warmup"):
             base = self.check(request)
             warm = [self.check(replace(base, width=s.width, height=s.height, steps=1)) for s in shapes]
             what = f"warm-up of {', '.join(f'{r.width}x{r.height}' for r in warm)} · {base.model} · {base.mode}"
+            replicas = self._candidates(base)
+            done: list[CompiledShape] = []
 
             def work(devices: DeviceSet, started: float, queue_wait: float) -> list[CompiledShape]:
-                done = []
+                records = []
                 for i, one in enumerate(warm, 1):
                     on_progress(Progress("compile", f"warming {one.shape} on {devices} ({i}/{len(warm)})", i,
                                          len(warm)))
                     result = self._run(devices, one, on_progress, lambda: False, True, started, queue_wait)
                     with self._lock:
-                        done.append(replace(self._entries[result.key].shapes[one.shape]))
-                return done
+                        records.append(replace(self._entries[result.key].shapes[one.shape]))
+                return records
 
-            return self._admitted(base, what, on_progress, lambda: False, work) if warm else []
+            for replica in replicas if warm else ():
+                done += self._admitted(base, what, on_progress, lambda: False, work, [replica])
+            return done
 
     def status(self) -> list[PipelineStatus]:
         """Every pipeline the manager has known, most recently used last."""
         with self._lock:
             return [PipelineStatus(e.key, e.loaded is not None, e.busy, e.load_seconds,
                                    tuple(replace(s) for s in e.shapes.values())) for e in self._entries.values()]
+
+    def replicas(self) -> list[ReplicaStatus]:
+        """Every replica: the device sets requests are scheduled on (for each hardware found, its single devices or
+        the groups its tensor-parallel pipelines hold), with state, line, shapes held and requests served."""
+        running, waiting = self.line.running(), self.line.waiting()
+        with self._lock:
+            entries = list(self._entries.values())
+            known = dict(self._replicas)
+        sets = {d for hw in HARDWARE.values() for d in hw.device_sets(1)[:self._replica_limit(hw)]}
+        sets |= {e.key.devices for e in entries if e.key.devices is not None} | set(known)
+        found = []
+        for devices in sorted(sets):
+            replica = known.get(devices, _Replica(devices))
+            mine = [e for e in entries if e.key.devices == devices]
+            busy = any((devices.hardware, i) in running for i in devices.indices)
+            state = replica.down or (replica.state if replica.state != "idle" else "busy" if busy else "idle")
+            found.append(ReplicaStatus(
+                devices, state, sum(bool(t.devices & {(devices.hardware, i) for i in devices.indices})
+                                    for t in waiting),
+                tuple(sorted({str(s.shape) for e in mine for s in e.shapes.values() if s.state == "ready"})),
+                replica.served, replica.last_latency, replica.restarts,
+                tuple(str(e.key) for e in mine if e.loaded is not None)))
+        return found
 
     def devices(self) -> list[DeviceStatus]:
         """Every device of the hardware found here: busy or idle, its line, its resident pipelines."""
@@ -215,21 +274,91 @@ class SessionManager:
         self.stats.count(kind, "ok")
 
     def _admitted(self, request: GenerateRequest, what: str, on_progress: ProgressCallback, cancelled,
-                  work: Callable[[DeviceSet, float, float], object]):
-        """Take a ticket for the request's devices, wait for them, do the work on the ones given, free them."""
+                  work: Callable[[DeviceSet, float, float], object], candidates: list[DeviceSet] | None = None):
+        """Take a ticket for the request's devices, wait for them, do the work on the ones given, free them.
+
+        A replica lost during the work (its process died or hung) is restarted in the background, and the work is
+        done once more on another replica: a generation is idempotent for its seed, so nothing is lost.
+        """
         started = time.perf_counter()
-        ticket = self.line.enter(what, self._candidates(request), self._preference(request))
-        try:
-            devices = self.line.wait(ticket, on_progress, cancelled)
-            return work(devices, started, time.perf_counter() - started)
-        finally:
-            self.line.release(ticket)
+        candidates = self._candidates(request) if candidates is None else candidates
+        lost: list[ReplicaLost] = []
+        while True:
+            usable = [c for c in candidates if str(c) not in {e.devices for e in lost} and not self._is_down(c)]
+            if not usable:
+                raise lost[-1] if lost else GenerationFailed(
+                    "every replica is down: " + "; ".join(f"{c} {self._replicas[c].down}" for c in candidates))
+            ticket = self.line.enter(what, usable, self._preference(request))
+            try:
+                devices = self.line.wait(ticket, on_progress, cancelled)
+                return work(devices, started, time.perf_counter() - started)
+            except ReplicaLost as error:
+                self._lose(devices, error)
+                if lost:  # retried once already
+                    raise
+                lost.append(error)
+                on_progress(Progress("queue", f"{devices} was lost ({error}): running again on another replica"))
+            finally:
+                self.line.release(ticket)
 
     def _candidates(self, request: GenerateRequest) -> list[DeviceSet]:
+        """The device sets a request may run on: the one it names, or the hardware's replicas."""
         if request.device:
             return [DeviceSet.parse(request.device)]
+        hardware = get_hardware(request.hardware)
         size = local_devices(request.placement, request.tp_size, self.settings.pool_nnodes)
-        return get_hardware(request.hardware).device_sets(size)
+        return hardware.device_sets(size)[:self._replica_limit(hardware)]
+
+    def _replica_limit(self, hardware) -> int | None:
+        """The operator's replica count for the hardware; None (all device sets) otherwise."""
+        return self.settings.replicas_of(hardware.name)
+
+    def _is_down(self, devices: DeviceSet) -> bool:
+        with self._lock:
+            replica = self._replicas.get(devices)
+            return replica is not None and replica.down is not None
+
+    def _replica(self, devices: DeviceSet) -> _Replica:
+        with self._lock:
+            return self._replicas.setdefault(devices, _Replica(devices))
+
+    def _lose(self, devices: DeviceSet, error: ReplicaLost) -> None:
+        """A replica's processes are gone: forget its pipelines and start it again in the background."""
+        log.error("replica %s lost: %s", devices, error)
+        with self._lock:
+            keys = [e.key for e in self._entries.values() if e.key.devices == devices and e.loaded is not None]
+            replica = self._replica(devices)
+            replica.state, replica.restarts = "restarting", replica.restarts + 1
+        for key in keys:
+            self.evict(key, f"replica {devices} lost")
+        self.stats.restarts.inc()
+        threading.Thread(target=self._restart, args=(devices, keys), name=f"restart-{devices}", daemon=True).start()
+
+    def _restart(self, devices: DeviceSet, keys: list[PipelineKey]) -> None:
+        """Load the lost replica's pipelines again, in its own turn on its devices, a few times if it must."""
+        why = "no pipeline to load"
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            ticket = self.line.enter(f"restarting {devices}", [devices])
+            try:
+                self.line.wait(ticket)
+                for key in keys:
+                    entry, _ = self._load(key, get_model(key.model), no_progress)
+                    entry.busy = False
+                with self._lock:
+                    replica = self._replica(devices)
+                    replica.state, replica.down = "idle", None
+                log.info("replica %s is back (attempt %d)", devices, attempt)
+                return
+            except AcceldemoError as error:
+                why = str(error)
+                log.warning("restarting replica %s failed (attempt %d of %d): %s", devices, attempt,
+                            RESTART_ATTEMPTS, why)
+            finally:
+                self.line.release(ticket)
+            time.sleep(RESTART_BACKOFF_S * attempt)
+        with self._lock:
+            replica = self._replica(devices)
+            replica.state, replica.down = "down", f"down: {why}"
 
     def _preference(self, request: GenerateRequest) -> Callable[[DeviceSet], int]:
         """Where a request is best served: its pipeline resident with its shape compiled, then resident, then any."""
@@ -254,13 +383,29 @@ class SessionManager:
              warm_up: bool, started: float, queue_wait: float) -> GenerateResult:
         spec = get_model(request.model)
         key = self._key(request, devices)
-        on_progress(Progress("queue", f"running on {devices}", 0))
-        entry, load_seconds = self._load(key, spec, on_progress)
+        replica = self._replica(devices)
+
+        def progress(event: Progress) -> None:  # the replica's state follows its job's phases
+            replica.state = {"load": "loading", "compile": f"compiling {request.width}x{request.height}"}.get(
+                event.phase, "busy")
+            on_progress(event)
+
+        progress(Progress("queue", f"running on {devices}", 0))
         try:
-            return self._call(entry, spec, request, on_progress, cancelled, warm_up, queue_wait, load_seconds,
-                              started)
+            entry, load_seconds = self._load(key, spec, progress)
+            try:
+                result = self._call(entry, spec, request, progress, cancelled, warm_up, queue_wait, load_seconds,
+                                    started)
+            finally:
+                entry.busy = False
         finally:
-            entry.busy = False
+            with self._lock:
+                if replica.state != "restarting":
+                    replica.state = "idle"
+        with self._lock:
+            replica.served += 0 if warm_up else 1
+            replica.last_latency = result.seconds - result.queue_wait - result.load_seconds
+        return result
 
     def _call(self, entry: _Entry, spec: ModelSpec, request: GenerateRequest, on_progress, cancelled, warm_up: bool,
               queue_wait: float, load_seconds: float, started: float) -> GenerateResult:
@@ -276,7 +421,7 @@ class SessionManager:
                         f"{entry.key} already holds {len(known)} shapes (ACCELDEMO_MAX_SHAPES="
                         f"{self.settings.max_shapes_per_pipeline}); use one of "
                         f"{', '.join(str(s.shape) for s in known)} or raise the limit")
-                record = entry.shapes[shape] = CompiledShape(shape)
+                record = entry.shapes[shape] = CompiledShape(shape, entry.key.devices)
             expect_compile = entry.key.mode in COMPILED_MODES and graph_key not in entry.graph_keys
             if expect_compile:
                 record.state = "compiling"

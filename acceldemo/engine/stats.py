@@ -47,6 +47,8 @@ class EngineStats:
                                           registry=self.registry)
         self.loads = Counter("acceldemo_pipeline_loads", "Pipelines loaded", registry=self.registry)
         self.evictions = Counter("acceldemo_pipeline_evictions", "Resident pipelines evicted", registry=self.registry)
+        self.restarts = Counter("acceldemo_replica_restarts", "Replicas lost (process died or hung) and restarted",
+                                registry=self.registry)
         for outcome in OUTCOMES:  # every outcome shows from the start, at 0
             for kind in KINDS:
                 self.requests.labels(outcome, kind)
@@ -83,4 +85,5 @@ class EngineStats:
                 "shape_hits": int(self._total("acceldemo_shape_cache_hits")),
                 "compile_cache_hits": int(self._total("acceldemo_compile_cache_hits")),
                 "loads": int(self._total("acceldemo_pipeline_loads")),
-                "evictions": int(self._total("acceldemo_pipeline_evictions"))}
+                "evictions": int(self._total("acceldemo_pipeline_evictions")),
+                "replica_restarts": int(self._total("acceldemo_replica_restarts"))}

@@ -33,9 +33,12 @@ class Option:
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a model goes on a hardware: placement, tensor-parallel size, and how many replicas the host holds."""
+
     name: str
     tp_size: int
     reason: str
+    replicas: int = 1
 
 
 def mode_options(spec: ModelSpec, hardware: Hardware, placement: str | None) -> list[Option]:
@@ -64,16 +67,26 @@ def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ..
     memory = found.memory_bytes
     weights = spec.weight_bytes * HEADROOM
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
+
+    def copies(size: int) -> tuple[int, str]:
+        count = max(found.device_count // size, 1)
+        per = "one per device" if size == 1 else f"{size} devices each"
+        return count, f": {count} replicas, {per}" if count > 1 else ""
+
     if not memory or weights <= memory:
-        return Placement("device", 1, f"{gb(spec.weight_bytes)} of weights fit one device ({gb(memory)})")
+        count, replicas = copies(1)
+        return Placement("device", 1, f"{gb(spec.weight_bytes)} of weights fit one of {found.device_count} "
+                                      f"device(s) ({gb(memory)} each){replicas}", count)
     if spec.largest_component_bytes * HEADROOM <= memory:
+        count, replicas = copies(1)
         return Placement("offload", 1, f"{gb(spec.weight_bytes)} of weights exceed one device ({gb(memory)}), "
-                                       f"but each component fits: offload moves one at a time")
+                                       f"but each component fits: offload moves one at a time{replicas}", count)
     candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
     size = next((n for n in candidates if n > max(found.device_count, 2)
                  or spec.largest_component_bytes * HEADROOM / n <= memory), candidates[-1])
+    count, replicas = copies(size)
     return Placement("tp", size, f"the largest component ({gb(spec.largest_component_bytes)}) exceeds one device "
-                                 f"({gb(memory)}): tensor parallel over {size}")
+                                 f"({gb(memory)}): tensor parallel over {size}{replicas}", count)
 
 
 def _whole(field: str, value: object, low: int, high: int) -> int:

@@ -11,6 +11,8 @@ ACCELDEMO_PRECOMPILE=off; Neuron and TPU keep their own persistent caches (NEFF,
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import inspect
 import json
@@ -19,7 +21,7 @@ import os
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger("acceldemo.artifacts")
@@ -51,6 +53,23 @@ class ArtifactStore:
     def path(self, model: str, hardware: str, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         return self.root / model / hardware / f"{digest}.pt2"
+
+    @contextlib.contextmanager
+    def building(self, path: Path, waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
+        """Hold a package's lock: of processes sharing the store (replicas, app instances on one cache folder)
+        asking for the same package at once, one builds it and the others wait (`waiting` is called when they
+        must), then load what it saved."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def save(self, path: Path, build: Callable[[str], object], about: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,9 +181,14 @@ class PrecompiledTransformer:
 
     def _runner(self, key: str, inputs: dict) -> Callable:
         path = self.store.path(self.model, self.hardware.name, {**self.scope, "inputs": key})
-        runner = self._load(path) if path.exists() else None
-        if runner is None:
-            runner = self._build(path, inputs)
+        def waiting() -> None:
+            self.notify("compile", f"waiting for another process compiling {self.label} (it saves the package for "
+                                   "this one)")
+
+        with self.store.building(path, waiting):
+            runner = self._load(path) if path.exists() else None
+            if runner is None:
+                runner = self._build(path, inputs)
         self.runners[key] = runner
         return runner
 

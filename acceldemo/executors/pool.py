@@ -30,7 +30,7 @@ from io import BytesIO
 from pathlib import Path
 
 from ..config import PoolLaunch, Settings
-from ..errors import GenerationFailed, UnsupportedCombination
+from ..errors import ReplicaLost, UnsupportedCombination
 from ..hardware import COMPILED_MODES, Hardware, get_hardware
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
@@ -97,7 +97,10 @@ class _Pool:
         rendezvous = _rendezvous_args(nodes, self.settings.pool_rdzv_endpoint)
         authkey = secrets.token_bytes(32)
         launch = PoolLaunch(authkey, os.getpid(), self.settings)
-        env = {**os.environ, **self.hardware.launcher_env(per_node), **self.hardware.pin_env(self.devices),
+        # A one-rank pool (a replica on one device) is a lone process to the backend: no launcher topology, so its
+        # pin holds (torch-tpu's runtime resets TPU_VISIBLE_DEVICES to the local rank under its launch env).
+        launcher = self.hardware.launcher_env(per_node) if self.world_size > 1 else {}
+        env = {**os.environ, **launcher, **self.hardware.pin_env(self.devices),
                **launch.environment(),
                "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
         self.folder = tempfile.mkdtemp(prefix="acceldemo-pool-")  # mode 0700: only this user reaches the socket
@@ -122,12 +125,12 @@ class _Pool:
         while True:
             if self.proc.poll() is not None:
                 self.stop()
-                raise GenerationFailed(f"the {self.name} exited while starting (code {self.proc.returncode}): "
-                                       f"{self._log_tail()}")
+                raise ReplicaLost(str(self.devices), f"the {self.name} exited while starting (code "
+                                                     f"{self.proc.returncode}): {self._log_tail()}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise GenerationFailed(f"the {self.name} did not come up within {self.timeout_s():.0f} s "
-                                       f"({TIMEOUT_SETTING}): {self._log_tail()}")
+                raise ReplicaLost(str(self.devices), f"the {self.name} did not come up within "
+                                                     f"{self.timeout_s():.0f} s ({TIMEOUT_SETTING}): {self._log_tail()}")
             if os.path.exists(address):
                 try:
                     return Client(address, family="AF_UNIX", authkey=authkey)
@@ -177,11 +180,11 @@ class _Pool:
     # --- commands ------------------------------------------------------------------------------------------
 
     def call(self, command: Command, on_progress: ProgressCallback, cancelled=lambda: False):
-        """Send one command and wait for its answer, passing progress on; a dead or hung pool is GenerationFailed."""
+        """Send one command and wait for its answer, passing progress on; a dead or hung pool is ReplicaLost."""
         with self.lock:
             if not self.alive():
-                raise GenerationFailed(f"the {self.name} is not running ({self.dead or 'exited'}); "
-                                       "it restarts on the next request")
+                raise ReplicaLost(str(self.devices), f"the {self.name} is not running ({self.dead or 'exited'}); "
+                                                     "it restarts on the next request")
             limit = self.timeout_s()
             deadline = time.monotonic() + limit
             callback_error = None
@@ -225,11 +228,11 @@ class _Pool:
             if time.monotonic() > deadline:
                 self.dead = "hung"
                 self.stop(polite=False)
-                raise GenerationFailed(
-                    f"the {self.name} did not answer {_doing(command)} within {limit:.0f} s "
-                    f"({TIMEOUT_SETTING}); it was stopped and restarts on the next request")
+                raise ReplicaLost(str(self.devices),
+                                  f"the {self.name} did not answer {_doing(command)} within {limit:.0f} s "
+                                  f"({TIMEOUT_SETTING}); it was stopped and restarts on the next request")
 
-    def _died(self, command: Command, seen: str) -> GenerationFailed:
+    def _died(self, command: Command, seen: str) -> ReplicaLost:
         """Stop what is left and say which rank failed, as torchrun reports it once it has stopped the others."""
         self.dead = "a rank died"
         self._wait(DEATH_REPORT_S)
@@ -237,8 +240,8 @@ class _Pool:
         log.error("%s died %s: %s; torchrun's log ends:\n%s", self.name, _doing(command), cause,
                   self._log_tail(lines=40, separator="\n"))
         self.stop(polite=False)
-        return GenerationFailed(f"the {self.name} lost a rank {_doing(command)}: {cause}; "
-                                "the pool restarts on the next request")
+        return ReplicaLost(str(self.devices), f"the {self.name} lost a rank {_doing(command)}: {cause}; "
+                                              "the pool restarts on the next request")
 
     def _log_text(self) -> str:
         try:

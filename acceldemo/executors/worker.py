@@ -234,7 +234,8 @@ class Rank:
 
     def _do_load(self, command: Command) -> list:
         from ..models.tensor_parallel import load_sharded_pipeline
-        from .recipe import apply_recipe
+        from .artifacts import ArtifactStore
+        from .recipe import apply_recipe, precompiles
 
         key, spec = command.args
         progress = self.channel.progress if self.channel else no_progress
@@ -243,11 +244,16 @@ class Rank:
                           if self.world_size > 1 else f"loading {spec.title}"))
         pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh)
         pipe.set_progress_bar_config(disable=True)
-        progress(Progress("load", f"placing on {self.hardware.name} ({key.mode}, tp{self.world_size})",
+        where = f"{key.mode}, tp{self.world_size}" if self.world_size > 1 else key.mode
+        progress(Progress("load", f"placing on {key.devices} ({where})",
                           elapsed=time.perf_counter() - started))
+        # A whole pipeline (a pool of one rank: a replica) uses the host's precompiled packages like the app does;
+        # sharded transformers cannot be exported into one.
+        store = ArtifactStore.of(self.settings) if self.world_size == 1 and precompiles(
+            self.settings, self.hardware, key.mode, key.placement) else None
         # The rank sees only its own devices: the first visible one is its device.
-        apply_recipe(pipe, self.hardware, key.mode, key.placement,
-                     device=self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))), settings=self.settings)
+        apply_recipe(pipe, self.hardware, key.mode, key.placement, store, spec.name,
+                     self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))), self.settings)
         self.pipelines[command.pipeline] = (pipe, spec)
         self.sharded[command.pipeline] = sharded
         return sharded
@@ -299,7 +305,7 @@ class Rank:
             self.channel.send("failed", error)
             return
         if command.kind == "load":
-            for rank, (_, sharded) in enumerate(outcomes):
+            for rank, (_, sharded) in enumerate(outcomes if self.world_size > 1 else ()):
                 shown = ", ".join(str(s) for s in sharded)
                 self.channel.progress(Progress("load", f"rank {rank} loaded: {shown} parameters sharded"))
             value = [sharded for _, sharded in outcomes]

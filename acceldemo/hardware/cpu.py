@@ -1,4 +1,4 @@
-"""Plain CPU: always here; eager or inductor; gloo for tensor parallelism; a device is a set of cores."""
+"""Plain CPU: always here; eager or inductor; gloo for tensor parallelism; a device is a set of its cores."""
 from __future__ import annotations
 
 import os
@@ -20,13 +20,37 @@ class CpuHardware(Hardware):
     def compile_backend(self) -> str:  # type: ignore[override]
         return settings().cpu_compile_backend
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The cores this process may use when it first looked: a worker pinned to some of them later still splits
+        # the CPU into the same devices as the app that started it.
+        self._cores = _usable_cores()
+
+    def detect(self) -> Availability:
+        # Cheap, and the device count follows the settings of the moment (tests, a bench section): never cached.
+        return self._with_memory_override(self._precheck())
+
     def _precheck(self) -> Availability:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return Availability(True, f"{len(_usable_cores())} cores, {memory / GiB:.0f} GiB RAM", 1, memory)
+        return Availability(True, f"{len(self._cores)} cores, {memory / GiB:.0f} GiB RAM", len(self._groups()),
+                            memory)
+
+    def _groups(self) -> list[list[int]]:
+        """The CPU's devices: its cores split into as many contiguous groups as the operator asked for (the CPU's
+        replicas, or ACCELDEMO_CPU_DEVICES), the first groups one core larger when they do not divide evenly."""
+        chosen = settings()
+        count = min(chosen.cpu_devices or chosen.replicas_of(self.name) or 1, len(self._cores))
+        size, extra = divmod(len(self._cores), count)
+        groups, start = [], 0
+        for i in range(count):
+            end = start + size + (i < extra)
+            groups.append(self._cores[start:end])
+            start = end
+        return groups
 
     def devices(self) -> tuple[Device, ...]:
-        cores = _usable_cores()
-        return (Device(self.name, 0, self.detect().memory_bytes, f"cores {_spans(cores)}"),)
+        memory = self.detect().memory_bytes  # shared by every device: what one pipeline may use at most
+        return tuple(Device(self.name, i, memory, f"cores {_spans(cores)}") for i, cores in enumerate(self._groups()))
 
     def device_sets(self, size: int) -> list[DeviceSet]:
         # Ranks of a tensor-parallel pool share the cores of one CPU device: gloo needs no device of its own.
@@ -36,11 +60,13 @@ class CpuHardware(Hardware):
         return "cpu"
 
     def in_process(self, devices: DeviceSet) -> bool:
-        return True
+        # One device is all the cores, this process's own; split into several, each is a pinned worker's.
+        return len(self._groups()) == 1
 
     def cores(self, devices: DeviceSet) -> list[int]:
         """The cores of a CPU device set."""
-        return _usable_cores()
+        groups = self._groups()
+        return sorted(core for i in devices.indices for core in groups[i])
 
     def pin_env(self, devices: DeviceSet) -> dict[str, str]:
         return {"OMP_NUM_THREADS": str(len(self.cores(devices)))}

@@ -24,7 +24,7 @@ log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
-DEVICE_COLUMNS = ["device", "memory GB", "state", "waiting", "resident pipelines"]
+REPLICA_COLUMNS = ["replica", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
 NOTHING_TO_STOP = "Nothing to stop: no job of this page is running."
 # ColorBrewer hue pairs, one per mode in the hardware registry's order (cycled if there are more modes): the middle
@@ -105,25 +105,50 @@ def status_rows(manager: SessionManager) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 
-def device_rows(manager: SessionManager) -> pd.DataFrame:
-    rows = [[str(d.device), round(d.device.memory_bytes / 1e9, 1), f"busy: {d.running}" if d.running else "idle",
-             d.waiting, "; ".join(d.pipelines)] for d in manager.devices()]
-    return pd.DataFrame(rows, columns=DEVICE_COLUMNS)
+def replica_rows(manager: SessionManager) -> pd.DataFrame:
+    """Each replica: its devices, what it is doing, who waits for it, what it holds and has served."""
+    devices = {(d.device.hardware, d.device.index): d.device for d in manager.devices()}
+    rows = []
+    for r in manager.replicas():
+        held = [devices.get((r.devices.hardware, i)) for i in r.devices.indices]
+        rows.append([str(r.devices), r.state, r.waiting, " ".join(r.shapes), r.served,
+                     None if r.last_latency is None else round(r.last_latency, 3), r.restarts,
+                     "; ".join(f"{d} {d.memory_bytes / 1e9:.1f} GB {d.detail}".strip() for d in held if d)])
+    return pd.DataFrame(rows, columns=REPLICA_COLUMNS)
 
 
-def latency_points(manager: SessionManager) -> pd.DataFrame:
-    """Per shape: first-call and warm latency of every mode measured, for the chart."""
-    # The browser fixes the colour domain to the series in the data when it first draws the chart, and
-    # draws points of any series added later without a colour, invisible: so every series has a row from
-    # the start, without seconds, which is drawn as nothing.
-    rows = [[None, series, None] for series in series_colors()]
+def latency_points(manager: SessionManager) -> list[tuple[str, str, float]]:
+    """(shape, series, seconds) of every first call and last warm call measured, for the chart."""
+    points = []
     for p in manager.status():
         for s in p.shapes:
             if s.first_call_seconds is not None:
-                rows.append([str(s.shape), f"{p.key.mode} first call", s.first_call_seconds])
+                points.append((str(s.shape), f"{p.key.mode} first call", s.first_call_seconds))
             if s.last_latency is not None:
-                rows.append([str(s.shape), f"{p.key.mode} warm", s.last_latency])
-    return pd.DataFrame(rows, columns=["shape", "series", "seconds"]).astype({"seconds": float})
+                points.append((str(s.shape), f"{p.key.mode} warm", s.last_latency))
+    return points
+
+
+def latency_chart(points: list[tuple[str, str, float]]):
+    """First-call vs warm latency per shape, on a log axis: an 80 s first call and 50 ms warm calls both show."""
+    from matplotlib.figure import Figure  # the object API: safe to draw from the server's threads
+
+    shapes = sorted({shape for shape, _, _ in points}, key=lambda t: tuple(map(int, t.split("x"))))
+    figure = Figure(figsize=(7, 2.8), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    colors = series_colors()
+    for series in colors:
+        mine = [(shapes.index(shape), seconds) for shape, name, seconds in points if name == series]
+        if mine:
+            axes.scatter(*zip(*mine), color=colors[series], label=series, s=36, zorder=3)
+    axes.set_yscale("log")
+    axes.set_xticks(range(len(shapes)), shapes)
+    axes.set_ylabel("seconds (log)")
+    axes.set_title("First call vs warm latency", fontsize=10)
+    axes.grid(True, which="both", axis="y", alpha=0.3)
+    if points:
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return figure
 
 
 def status_json(manager: SessionManager, startup: dict) -> dict:
@@ -137,6 +162,9 @@ def status_json(manager: SessionManager, startup: dict) -> dict:
                      "memory_gb": round(d.device.memory_bytes / 1e9, 1), "detail": d.device.detail,
                      "busy": d.running is not None, "running": d.running, "waiting": d.waiting,
                      "pipelines": list(d.pipelines)} for d in manager.devices()],
+        "replicas": [{"devices": str(r.devices), "state": r.state, "waiting": r.waiting, "shapes": list(r.shapes),
+                      "served": r.served, "last_latency": r.last_latency, "restarts": r.restarts,
+                      "pipelines": list(r.pipelines)} for r in manager.replicas()],
         "precompiled": manager.precompiled(),
         "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware,
                        "device": str(p.key.devices), "mode": p.key.mode,
@@ -222,13 +250,16 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
             raise gr.Error(str(error), print_exception=False) from None
         return "Warmed: " + ", ".join(f"{r.shape} ({r.state}, {r.compile_seconds:.2f} s compile)" for r in records)
 
-    def refresh_status():
+    def refresh_status(drawn):
+        """The panels; the chart is drawn again only when its points changed since this page last drew it."""
         state = startup.get("state", "none configured")
         requests = manager.counters()["requests"]
         line = (f"Line: {manager.queue_depth()} waiting (limit {manager.settings.queue_size}) · requests "
                 + ", ".join(f"{outcome} {count}" for outcome, count in requests.items()))
-        return status_rows(manager), device_rows(manager), latency_points(manager), \
-            f"Start-up warm-up: {state}  \n{line}  \n{describe_packages(manager.precompiled())}"
+        points = latency_points(manager)
+        chart_update = gr.skip() if drawn == points else latency_chart(points)
+        return status_rows(manager), replica_rows(manager), chart_update, \
+            f"Start-up warm-up: {state}  \n{line}  \n{describe_packages(manager.precompiled())}", points
 
     nodes = manager.settings.pool_nnodes
 
@@ -280,13 +311,12 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
             warm_shapes = gr.CheckboxGroup(all_presets, value=[str(default.default_shape)], label="Shapes to compile")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
-        gr.Markdown("## Devices")
+        gr.Markdown("## Replicas")
         startup_text = gr.Markdown(elem_id="startup")
-        devices_table = gr.Dataframe(headers=DEVICE_COLUMNS, interactive=False, elem_id="devices")
+        replicas_table = gr.Dataframe(headers=REPLICA_COLUMNS, interactive=False, elem_id="replicas")
         gr.Markdown("## Compiled shapes")
         table = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
-        chart = gr.ScatterPlot(x="shape", y="seconds", color="series", color_map=series_colors(),
-                               title="First call vs warm latency", y_title="seconds", height=280, elem_id="latency")
+        chart = gr.Plot(format="png", show_label=False, elem_id="latency")
         timer = gr.Timer(2.0)
 
         inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed]
@@ -295,9 +325,10 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
                           api_name="warm_up", concurrency_id="device")
-        panels = [table, devices_table, chart, startup_text]
-        timer.tick(refresh_status, None, panels, queue=False, api_visibility="private")
-        page.load(refresh_status, None, panels, queue=False, api_visibility="private")
+        drawn = gr.State(None)  # the chart's points as this page last drew them
+        panels = [table, replicas_table, chart, startup_text, drawn]
+        timer.tick(refresh_status, drawn, panels, queue=False, api_visibility="private")
+        page.load(refresh_status, drawn, panels, queue=False, api_visibility="private")
 
         def pipelines() -> dict:
             """Resident pipelines and their compiled shapes, as plain JSON."""

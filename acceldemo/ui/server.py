@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hmac
 import logging
 import threading
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="compile at start: MODE:WxH[,WxH...], e.g. compiled:64x64,128x64 (env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
     parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
+    parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
+                                           "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
@@ -148,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         warmup = parse_warmup(args.warmup)
         auth = parse_auth(args.auth)
+        if args.replicas:  # the hardware adapters read the process's settings: they must see it too
+            settings = dataclasses.replace(settings, replicas=config.per_hardware("--replicas", args.replicas))
+            config.use(settings)
     except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
     if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
