@@ -1,0 +1,312 @@
+"""The OpenAI-compatible Images API beside the page (/v1): OpenAI's request and response shapes translated to and from
+engine calls, and every failure mapped to OpenAI's error shape and the status a client expects, in one place."""
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from ..engine import MAX_IMAGES, SessionManager
+from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, HardwareUnavailable, InvalidRequest,
+                      ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
+from ..models.catalog import CATALOG
+from ..models.loading import model_availability
+from ..records import GenerateRequest, GenerateResult
+
+log = logging.getLogger("acceldemo.api")
+PREFIX = "/v1"
+# How long an image answered as a URL stays served.
+IMAGE_TTL_S = 3600
+# What Retry-After says when the line is full or a device stayed busy: jobs on the tiny models take well under a
+# second, a real model's a few seconds, and a client that retries sooner is refused again at no cost to anyone.
+RETRY_AFTER_S = 2
+# What it says while the start-up warm-up compiles: a compile takes seconds to minutes.
+WARMING_RETRY_AFTER_S = 10
+# How often a request whose images are being made checks that its client is still connected.
+DISCONNECT_POLL_S = 0.25
+# The engine's field names where the API's differ: its errors name the engine's field, clients know the API's.
+API_NAMES = {"resolution": "size", "width": "size", "height": "size", "steps": "num_inference_steps",
+             "guidance": "guidance_scale", "num_images": "n"}
+
+
+class ImageGenerationRequest(BaseModel):
+    """POST /v1/images/generations: OpenAI's fields; the extensions SGLang-Diffusion and vLLM-Omni also take under
+    these names (seed, num_inference_steps, guidance_scale); and ours (hardware, mode, placement, tp_size). Types are
+    checked here, values by the engine, as for every front end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    # A catalog name (GET /v1/models); absent: the operator's default model.
+    model: str | None = None
+    # Images, each its own engine request with its own seed: seed, seed+1, ...
+    n: int = Field(1, ge=1, le=MAX_IMAGES)
+    # WIDTHxHEIGHT; absent or "auto": the model's default size.
+    size: str | None = None
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    # OpenAI's end-user id: accepted and ignored.
+    user: str | None = None
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    hardware: str | None = None
+    mode: str | None = None
+    placement: str | None = None
+    tp_size: int | None = None
+
+    def engine_requests(self) -> list[GenerateRequest]:
+        """One engine request per image; a field left out keeps the engine's default."""
+        given = {"prompt": self.prompt, "model": self.model, "hardware": self.hardware, "mode": self.mode,
+                 "placement": self.placement, "tp_size": self.tp_size,
+                 "resolution": None if self.size == "auto" else self.size, "steps": self.num_inference_steps,
+                 "guidance": self.guidance_scale, "seed": self.seed}
+        first = GenerateRequest(**{name: value for name, value in given.items() if value is not None})
+        return [replace(first, seed=first.seed + i) for i in range(self.n)]
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape, with its HTTP status (and Retry-After where trying again helps)."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str, param: str | None = None,
+                 retry_after: int | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.headers = dict(headers or {})
+        if retry_after is not None:
+            self.headers["Retry-After"] = str(retry_after)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+
+
+def api_error(error: BaseException) -> ApiError:
+    """Any failure of a /v1 request as OpenAI's error: the status a client expects, the message the page and the CLI
+    show for the same request, and `param` the API's name of the field at fault."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, ValidationError):
+        param, message = _body_problem(error)
+        return ApiError(400, message, "invalid_request_error", "invalid_value", param)
+    if isinstance(error, HTTPException):  # the token guard (401) and routing (405) of the /v1 routes
+        code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "error")
+        return ApiError(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500
+                        else "server_error", code, headers=error.headers)
+    if not isinstance(error, AcceldemoError):  # a bug of ours: a message, never a traceback or a dead server
+        log.error("/v1 request failed", exc_info=error)
+        return ApiError(500, f"internal error: {describe_error(error)}", "server_error", "internal_error")
+    message, param = str(error), API_NAMES.get(error.field, error.field)
+    if isinstance(error, UnknownName) and error.field == "model":
+        return ApiError(404, message, "invalid_request_error", "model_not_found", "model")
+    if isinstance(error, ModelUnavailable):  # in the catalog, but its weights are not on this host
+        return ApiError(404, message, "invalid_request_error", "model_not_available", "model")
+    if isinstance(error, InvalidRequest):
+        return ApiError(400, message, "invalid_request_error", "invalid_value", param)
+    if isinstance(error, UnsupportedCombination):
+        return ApiError(400, message, "invalid_request_error", "unsupported_combination", param)
+    if isinstance(error, HardwareUnavailable):
+        return ApiError(400, message, "invalid_request_error", "hardware_unavailable", param)
+    if isinstance(error, QueueFull):
+        return ApiError(429, message, "rate_limit_error", "queue_full", retry_after=RETRY_AFTER_S)
+    if isinstance(error, DeviceBusy):
+        return ApiError(503, message, "server_error", "device_busy", retry_after=RETRY_AFTER_S)
+    if isinstance(error, CapacityExceeded):  # a new size past ACCELDEMO_MAX_SHAPES: the message lists those that work
+        return ApiError(400, message, "invalid_request_error", "limit_exceeded", "size")
+    if isinstance(error, Cancelled):  # only a client that went away stops an API request: nobody reads this one
+        return ApiError(499, message, "request_cancelled", "client_closed_request")
+    return ApiError(500, message, "server_error", "generation_failed")
+
+
+def _body_problem(error: ValidationError) -> tuple[str | None, str]:
+    """The first thing wrong with a request body, named as the engine names a bad value."""
+    problem = error.errors(include_url=False)[0]
+    param = ".".join(str(part) for part in problem["loc"]) or None
+    kind = problem["type"]
+    if kind == "json_invalid":
+        return None, f"the body is not valid JSON: {problem.get('ctx', {}).get('error', problem['msg'])}"
+    if kind in ("model_type", "model_attributes_type"):
+        return None, "the body must be a JSON object"
+    if kind == "missing":
+        return param, f"{param} is required"
+    if kind == "extra_forbidden":
+        accepted = ", ".join(ImageGenerationRequest.model_fields)
+        return param, str(InvalidRequest(param, problem["input"], f"unknown field; accepted fields are {accepted}"))
+    return param, str(InvalidRequest(param, problem["input"], problem["msg"][0].lower() + problem["msg"][1:]))
+
+
+def png(image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="png")
+    return out.getvalue()
+
+
+class ImageStore:
+    """The PNGs answered as URLs: files in a private (0700) folder of this app, each served for `ttl_s` seconds under
+    a random 128-bit id; expired ones are deleted as the store is used, the folder when the app ends."""
+
+    def __init__(self, ttl_s: float = IMAGE_TTL_S, parent: str | None = None):
+        self.ttl_s = ttl_s
+        self.folder = Path(tempfile.mkdtemp(prefix="v1-images-", dir=parent))
+        self._expiry: dict[str, float] = {}  # in the order they were added, so also the order they expire
+        self._lock = threading.Lock()
+
+    def put(self, data: bytes) -> str:
+        key = secrets.token_urlsafe(16)
+        (self.folder / f"{key}.png").write_bytes(data)
+        with self._lock:
+            self._purge()
+            self._expiry[key] = time.monotonic() + self.ttl_s
+        return key
+
+    def get(self, key: str) -> bytes | None:
+        """The image's PNG while it is served; None for an unknown or expired id."""
+        with self._lock:
+            self._purge()
+            if key not in self._expiry:
+                return None
+        try:
+            return (self.folder / f"{key}.png").read_bytes()
+        except FileNotFoundError:  # expired and deleted by another request in between
+            return None
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for key, expiry in list(self._expiry.items()):
+            if expiry > now:
+                break
+            del self._expiry[key]
+            (self.folder / f"{key}.png").unlink(missing_ok=True)
+
+
+def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
+                  dependencies: Sequence = ()) -> APIRouter:
+    """The /v1 routes; `dependencies` guard them all (the bearer token when ACCELDEMO_API_TOKEN is set), and
+    generation answers 503 until `startup` says the start-up warm-up is done."""
+    router = APIRouter(prefix=PREFIX, dependencies=list(dependencies))
+    # Generations block a thread each; as many may run as the engine holds (a job per device plus its line), so
+    # the engine's line, not this route, decides who waits and who is refused.
+    limiter = anyio.CapacityLimiter(manager.capacity())
+    listed_since = int(time.time())
+
+    async def generate_all(asked: list[GenerateRequest], as_url: bool,
+                           request: Request) -> list[tuple[GenerateResult, str]]:
+        """Every image of the request at once, each one engine call in a thread of its own; the first failure stops
+        the others (at their next step, or out of the line) and is the answer, as is a client that went away."""
+        stop = threading.Event()
+        made: list[tuple[GenerateResult, str] | None] = [None] * len(asked)
+        failures: list[BaseException] = []
+
+        def one(i: int) -> tuple[GenerateResult, str]:
+            result = manager.generate(asked[i], cancelled=stop.is_set)
+            data = png(result.image)
+            return result, images.put(data) if as_url else base64.b64encode(data).decode()
+
+        async def run(i: int) -> None:
+            try:
+                made[i] = await anyio.to_thread.run_sync(one, i, limiter=limiter)
+            except Exception as error:
+                failures.append(error)
+                stop.set()
+
+        async def watch_client() -> None:
+            while not await request.is_disconnected():
+                await anyio.sleep(DISCONNECT_POLL_S)
+            stop.set()
+
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(watch_client)
+            async with anyio.create_task_group() as running:
+                for i in range(len(asked)):
+                    running.start_soon(run, i)
+            watching.cancel_scope.cancel()
+        if failures:
+            # The cause, rather than a sibling it stopped.
+            raise next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
+        return made
+
+    @router.post("/images/generations")
+    async def generations(request: Request) -> Response:
+        try:
+            if not startup.get("done"):
+                raise ApiError(503, f"the app is still warming up ({startup.get('state')}); /ready answers 200 once "
+                                    "it is done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
+            asked = ImageGenerationRequest.model_validate_json(await request.body())
+            made = await generate_all(asked.engine_requests(), asked.response_format == "url", request)
+        except Exception as error:
+            return api_error(error).response()
+        as_url = asked.response_format == "url"
+        data = [{asked.response_format: str(request.url_for("openai_image", image_id=image)) if as_url else image,
+                 "revised_prompt": None} for _, image in made]
+        results = [result for result, _ in made]
+        first = results[0].request
+        return JSONResponse({"created": int(time.time()), "data": data, "output_format": "png",
+                             "size": f"{first.width}x{first.height}", "acceldemo": [r.facts() for r in results]},
+                            headers=_fact_headers(results))
+
+    @router.get("/images/{image_id}", name="openai_image")
+    def image(image_id: str) -> Response:
+        data = images.get(image_id)
+        if data is None:
+            return ApiError(404, f"no image {image_id!r}: images are served for {IMAGE_TTL_S // 60} minutes after "
+                                 "they are made, and not after the app restarts", "invalid_request_error",
+                            "image_not_found", "image_id").response()
+        return Response(data, media_type="image/png")
+
+    @router.get("/models")
+    def models() -> dict:
+        return {"object": "list", "data": [_model_entry(name, manager, listed_since) for name in CATALOG]}
+
+    @router.get("/models/{name:path}")
+    def model(name: str) -> Response:
+        if name not in CATALOG:
+            return api_error(UnknownName("model", name, CATALOG)).response()
+        return JSONResponse(_model_entry(name, manager, listed_since))
+
+    return router
+
+
+def _model_entry(name: str, manager: SessionManager, created: int) -> dict:
+    """A catalog model in OpenAI's model shape, with whether it can run here and what a request gets by default."""
+    spec = CATALOG[name]
+    available, where = model_availability(spec, manager.settings)
+    return {"id": spec.name, "object": "model", "created": created, "owned_by": "acceldemo", "title": spec.title,
+            "available": available, "availability": where, "default": spec.name == manager.settings.default_model,
+            "size": str(spec.default_shape), "sizes": [str(s) for s in spec.presets],
+            "num_inference_steps": spec.steps, "guidance_scale": spec.guidance}
+
+
+def _fact_headers(results: list[GenerateResult]) -> dict[str, str]:
+    """The request's facts at a glance (curl -i, proxies' logs): its images ran side by side or one after another,
+    so the slowest image's seconds are the request's time in the engine."""
+    devices = dict.fromkeys(r.facts()["device"] for r in results)
+    return {"X-Acceldemo-Model": results[0].request.model, "X-Acceldemo-Device": ",".join(devices),
+            "X-Acceldemo-Seconds": f"{max(r.seconds for r in results):.4f}",
+            "X-Acceldemo-Compile-Seconds": f"{sum(r.compile_seconds for r in results):.4f}",
+            "X-Acceldemo-New-Graphs": str(sum(r.new_graphs for r in results)),
+            "X-Acceldemo-Warm": "true" if all(r.warm for r in results) else "false"}
+
+
+async def openai_http_error(request: Request, error: HTTPException) -> Response:
+    """FastAPI's own HTTP errors (the token guard, a wrong method) in OpenAI's shape under /v1, unchanged elsewhere."""
+    if request.url.path.startswith(PREFIX + "/"):
+        return api_error(error).response()
+    return await http_exception_handler(request, error)
