@@ -190,9 +190,10 @@ class ImageStore:
 
     def _purge(self) -> None:
         now = time.monotonic()
-        for key, expiry in list(self._expiry.items()):
+        while self._expiry:
+            key, expiry = next(iter(self._expiry.items()))
             if expiry > now:
-                break
+                return
             del self._expiry[key]
             (self.folder / f"{key}.png").unlink(missing_ok=True)
 
