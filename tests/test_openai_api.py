@@ -172,6 +172,24 @@ def test_a_request_through_the_route_is_counted_once_like_the_page(client, serve
     assert counts()[0] == {**after, "invalid": after["invalid"] + 1}
 
 
+@pytest.mark.slow
+def test_a_stream_shows_the_compile_and_each_step_then_the_image(client):
+    events = list(client.images.generate(prompt="a red circle", size="80x64", stream=True,
+                                         extra_body={"mode": "compiled", "seed": 2}))
+    progress = [(e.phase, e.message) for e in events if e.type == "image_generation.progress"]
+    assert ("compile", "compiling 80x64 (first time for this shape)") in progress
+    steps = [message for phase, message in progress if phase == "denoise"]
+    assert steps == [f"step {i}/4" for i in range(1, 5)]
+    assert progress.index(("compile", "compiling 80x64 (first time for this shape)")) < progress.index(
+        ("denoise", "step 1/4"))
+    done = events[-1]
+    assert done.type == "image_generation.completed" and [e.type for e in events].count(done.type) == 1
+    assert pixels(done.b64_json).shape == (64, 80, 3)
+    assert done.acceldemo["new_graphs"] > 0 and done.acceldemo["seed"] == 2
+    with pytest.raises(openai.BadRequestError, match="height=60 is not accepted"):  # before the stream starts
+        list(client.images.generate(prompt="a red circle", size="80x60", stream=True))
+
+
 # --- an app in this process, for the statuses that need its state -----------------------------------------------------
 
 def test_the_token_is_the_clients_api_key(fresh_manager):
@@ -189,7 +207,7 @@ def test_the_token_is_the_clients_api_key(fresh_manager):
         assert code == 200 and Image.open(io.BytesIO(body)).size == (64, 64)
 
 
-def test_a_full_line_is_429_and_a_client_that_leaves_is_taken_out_of_line(fresh_manager):
+def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_manager):
     m = fresh_manager(queue_size=1)
     holding, release = threading.Event(), threading.Event()
 
@@ -229,9 +247,17 @@ def test_a_full_line_is_429_and_a_client_that_leaves_is_taken_out_of_line(fresh_
             assert time.monotonic() < deadline, m.counters()
             time.sleep(0.05)
         assert m.queue_depth() == 0 and blocker.is_alive()
+        with httpx.stream("POST", url + "/v1/images/generations", json={"prompt": "watching", "stream": True},
+                          timeout=30) as streamed:
+            first = next(streamed.iter_lines())
+            assert first == "event: image_generation.progress"  # 1st in line for cpu:0; then it hangs up
+        while m.counters()["requests"]["cancelled"] < 2:
+            assert time.monotonic() < deadline + 30, m.counters()
+            time.sleep(0.05)
+        assert m.queue_depth() == 0 and blocker.is_alive()
         release.set()
         blocker.join(60)
-        assert m.counters()["requests"] == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 1, "failed": 0}
+        assert m.counters()["requests"] == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 2, "failed": 0}
 
 
 def test_generation_is_503_until_the_start_up_warm_up_is_done(fresh_manager):
@@ -259,7 +285,7 @@ def test_generation_is_503_until_the_start_up_warm_up_is_done(fresh_manager):
         assert pixels(client.images.generate(prompt="in time").data[0].b64_json).shape == (64, 64, 3)
 
 
-def test_an_engine_failure_is_500_with_the_engine_message(fresh_manager):
+def test_an_engine_failure_is_500_or_an_error_event_with_the_engine_message(fresh_manager):
     m = fresh_manager()
 
     def broken_load(key, spec, on_progress):
@@ -272,7 +298,12 @@ def test_an_engine_failure_is_500_with_the_engine_message(fresh_manager):
         error = raised.value
         assert (error.status_code, error.type, error.code) == (500, "server_error", "generation_failed")
         assert error.message.endswith("failed: RuntimeError: device lost") and "tiny-flux2-klein" in error.message
-        assert get(url + "/health")[0] == 200 and m.counters()["requests"]["failed"] == 1
+        seen = []
+        with pytest.raises(openai.APIError, match="failed: RuntimeError: device lost"):
+            for event in sdk(url).images.generate(prompt="a red circle", stream=True):
+                seen.append(event.message)
+        assert seen == ["running on cpu:0"]  # the stream had begun: the failure is its last event
+        assert get(url + "/health")[0] == 200 and m.counters()["requests"]["failed"] == 2
 
 
 def test_every_engine_error_has_its_status():

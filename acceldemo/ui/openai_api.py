@@ -2,23 +2,25 @@
 engine calls, and every failure mapped to OpenAI's error shape and the status a client expects, in one place."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import json
 import logging
 import secrets
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -27,7 +29,7 @@ from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, H
                       ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
 from ..models.catalog import CATALOG
 from ..models.loading import model_availability
-from ..records import GenerateRequest, GenerateResult
+from ..records import GenerateRequest, GenerateResult, no_progress
 
 log = logging.getLogger("acceldemo.api")
 PREFIX = "/v1"
@@ -62,6 +64,8 @@ class ImageGenerationRequest(BaseModel):
     response_format: Literal["b64_json", "url"] = "b64_json"
     # OpenAI's end-user id: accepted and ignored.
     user: str | None = None
+    # Server-sent events as the images advance (each phase, then each image) instead of one JSON answer.
+    stream: bool = False
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
@@ -91,9 +95,11 @@ class ApiError(Exception):
         if retry_after is not None:
             self.headers["Retry-After"] = str(retry_after)
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def api_error(error: BaseException) -> ApiError:
@@ -198,6 +204,66 @@ class ImageStore:
             (self.folder / f"{key}.png").unlink(missing_ok=True)
 
 
+class ImageJob:
+    """The images of one request, made side by side, each one engine call in a thread of the route's pool. What
+    happens to them (their progress when asked for, each image, each failure) comes back as events on the event
+    loop. The first failure, or a client that goes away, stops the others at their next step or takes them out of
+    the line."""
+
+    def __init__(self, manager: SessionManager, pool: ThreadPoolExecutor, store: ImageStore,
+                 asked: list[GenerateRequest], as_url: bool, progress: bool):
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
+        self._stopped = threading.Event()
+        self._unfinished = len(asked)
+        for i, request in enumerate(asked):
+            pool.submit(self._make, manager, store, i, request, as_url, progress)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def events(self, client: Request) -> AsyncIterator[tuple[str, int, Any]]:
+        """("progress", i, Progress), ("image", i, (result, b64 or image id)) and ("failed", i, error), until every
+        image is made or has failed."""
+        while self._unfinished:
+            try:
+                kind, i, value = await asyncio.wait_for(self._events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await client.is_disconnected():
+                    self.stop()
+                continue
+            if kind != "progress":
+                self._unfinished -= 1
+            yield kind, i, value
+
+    async def results(self, client: Request) -> list[tuple[GenerateResult, str]]:
+        """Every image, in order; or the first failure (the cause, rather than a sibling it stopped)."""
+        made: list = [None] * self._unfinished
+        failures: list[BaseException] = []
+        async for kind, i, value in self.events(client):
+            if kind == "image":
+                made[i] = value
+            elif kind == "failed":
+                failures.append(value)
+        if failures:
+            raise next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
+        return made
+
+    def _make(self, manager: SessionManager, store: ImageStore, i: int, request: GenerateRequest, as_url: bool,
+              progress: bool) -> None:
+        report = (lambda event: self._emit("progress", i, event)) if progress else no_progress
+        try:
+            result = manager.generate(request, report, cancelled=self._stopped.is_set)
+            data = png(result.image)
+            self._emit("image", i, (result, store.put(data) if as_url else base64.b64encode(data).decode()))
+        except Exception as error:
+            self._emit("failed", i, error)  # queued before the others can see the stop and fail in turn
+            self.stop()
+
+    def _emit(self, kind: str, i: int, value: Any) -> None:
+        self._loop.call_soon_threadsafe(self._events.put_nowait, (kind, i, value))
+
+
 def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
                   dependencies: Sequence = ()) -> APIRouter:
     """The /v1 routes; `dependencies` guard them all (the bearer token when ACCELDEMO_API_TOKEN is set), and
@@ -205,44 +271,13 @@ def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
     router = APIRouter(prefix=PREFIX, dependencies=list(dependencies))
     # Generations block a thread each; as many may run as the engine holds (a job per device plus its line), so
     # the engine's line, not this route, decides who waits and who is refused.
-    limiter = anyio.CapacityLimiter(manager.capacity())
+    pool = ThreadPoolExecutor(max_workers=manager.capacity(), thread_name_prefix="v1-images")
     listed_since = int(time.time())
 
-    async def generate_all(asked: list[GenerateRequest], as_url: bool,
-                           request: Request) -> list[tuple[GenerateResult, str]]:
-        """Every image of the request at once, each one engine call in a thread of its own; the first failure stops
-        the others (at their next step, or out of the line) and is the answer, as is a client that went away."""
-        stop = threading.Event()
-        made: list[tuple[GenerateResult, str] | None] = [None] * len(asked)
-        failures: list[BaseException] = []
-
-        def one(i: int) -> tuple[GenerateResult, str]:
-            result = manager.generate(asked[i], cancelled=stop.is_set)
-            data = png(result.image)
-            return result, images.put(data) if as_url else base64.b64encode(data).decode()
-
-        async def run(i: int) -> None:
-            try:
-                made[i] = await anyio.to_thread.run_sync(one, i, limiter=limiter)
-            except Exception as error:
-                failures.append(error)
-                stop.set()
-
-        async def watch_client() -> None:
-            while not await request.is_disconnected():
-                await anyio.sleep(DISCONNECT_POLL_S)
-            stop.set()
-
-        async with anyio.create_task_group() as watching:
-            watching.start_soon(watch_client)
-            async with anyio.create_task_group() as running:
-                for i in range(len(asked)):
-                    running.start_soon(run, i)
-            watching.cancel_scope.cancel()
-        if failures:
-            # The cause, rather than a sibling it stopped.
-            raise next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
-        return made
+    def image_data(request: Request, response_format: str, image: str) -> dict:
+        """One image as OpenAI's data item: base64 PNG, or the absolute URL where this app serves it."""
+        link = str(request.url_for("openai_image", image_id=image)) if response_format == "url" else image
+        return {response_format: link, "revised_prompt": None}
 
     @router.post("/images/generations")
     async def generations(request: Request) -> Response:
@@ -251,17 +286,55 @@ def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
                 raise ApiError(503, f"the app is still warming up ({startup.get('state')}); /ready answers 200 once "
                                     "it is done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
             asked = ImageGenerationRequest.model_validate_json(await request.body())
-            made = await generate_all(asked.engine_requests(), asked.response_format == "url", request)
+            job = ImageJob(manager, pool, images, asked.engine_requests(), asked.response_format == "url",
+                           progress=asked.stream)
+            if asked.stream:
+                return await stream(job, asked.response_format, request)
+            made = await job.results(request)
         except Exception as error:
             return api_error(error).response()
-        as_url = asked.response_format == "url"
-        data = [{asked.response_format: str(request.url_for("openai_image", image_id=image)) if as_url else image,
-                 "revised_prompt": None} for _, image in made]
         results = [result for result, _ in made]
         first = results[0].request
-        return JSONResponse({"created": int(time.time()), "data": data, "output_format": "png",
+        return JSONResponse({"created": int(time.time()), "output_format": "png",
+                             "data": [image_data(request, asked.response_format, image) for _, image in made],
                              "size": f"{first.width}x{first.height}", "acceldemo": [r.facts() for r in results]},
                             headers=_fact_headers(results))
+
+    async def stream(job: ImageJob, response_format: str, request: Request) -> StreamingResponse:
+        """Server-sent events as the images advance: one per phase (in line, loading, compiling WxH, denoise step
+        i/n, decoding), then each image. Until the first event the request can still be answered with an error
+        status (invalid, refused); after it, a failure is an `error` event, which ends the stream."""
+        events = job.events(request)
+        first = await anext(events)
+        if first[0] == "failed":
+            raise first[2]
+
+        def render(kind: str, i: int, value: Any) -> str:
+            if kind == "progress":
+                name, data = "image_generation.progress", {
+                    "type": "image_generation.progress", "index": i, "phase": value.phase, "message": value.message,
+                    "step": value.step, "total": value.total, "elapsed": round(value.elapsed, 4)}
+            elif kind == "image":
+                result, image = value
+                name, data = "image_generation.completed", {
+                    "type": "image_generation.completed", "index": i, **image_data(request, response_format, image),
+                    "created_at": int(time.time()), "size": f"{result.request.width}x{result.request.height}",
+                    "output_format": "png", "background": "opaque", "quality": "auto", "acceldemo": result.facts()}
+            else:
+                name, data = "error", api_error(value).body()
+            return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+        async def sent() -> AsyncIterator[str]:
+            try:
+                yield render(*first)
+                async for kind, i, value in events:
+                    yield render(kind, i, value)
+                    if kind == "failed":
+                        return
+            finally:  # also when the client went away and the server stopped sending
+                job.stop()
+
+        return StreamingResponse(sent(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @router.get("/images/{image_id}", name="openai_image")
     def image(image_id: str) -> Response:
