@@ -22,7 +22,8 @@ _MEMORY_VARIABLE = re.compile(r"^ACCELDEMO_([A-Z0-9]+)_MEMORY_GB$")
 
 @dataclass(frozen=True)
 class Settings:
-    """What an operator can set. Each field is read from one ACCELDEMO_* variable (or PORT) by `from_env`."""
+    """What an operator can set. Each field is read from one ACCELDEMO_* variable by `from_env`; the server's address
+    also from Gradio's own variables and PORT."""
 
     # Embedded models and every compiler cache (inductor, NEFF, TPU, precompiled packages).
     cache_dir: Path
@@ -60,7 +61,9 @@ class Settings:
     # Hosts a tensor-parallel pool spans (this one is node 0), and where the other nodes join when more than one.
     pool_nnodes: int = 1
     pool_rdzv_endpoint: str | None = None
-    # The server: bind address and port, compile at start (MODE:WxH,...), login for the page, token for /status.
+    # The server: bind address and port, compile at start (MODE:WxH,...), login for the page, token for /status,
+    # /metrics and the /v1 API. The address is Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT when set (a Gradio
+    # Space sets them and sends its traffic there), else ACCELDEMO_HOST / PORT.
     host: str = "127.0.0.1"
     port: int = 7860
     warmup: str | None = None
@@ -112,8 +115,8 @@ class Settings:
             cpu_devices=number("ACCELDEMO_CPU_DEVICES", None, int),
             pool_nnodes=max(number("ACCELDEMO_POOL_NNODES", 1, int), 1),
             pool_rdzv_endpoint=text("ACCELDEMO_POOL_RDZV_ENDPOINT"),
-            host=text("ACCELDEMO_HOST", "127.0.0.1"),
-            port=number("PORT", 7860, int),
+            host=text("GRADIO_SERVER_NAME") or text("ACCELDEMO_HOST", "127.0.0.1"),
+            port=number("GRADIO_SERVER_PORT", number("PORT", 7860, int), int),
             warmup=text("ACCELDEMO_WARMUP"),
             auth=text("ACCELDEMO_AUTH"),
             api_token=text("ACCELDEMO_API_TOKEN"),

@@ -66,6 +66,11 @@ class QueueFull(CapacityExceeded):
                          f"(ACCELDEMO_QUEUE_SIZE={limit}); try again in a moment")
 
 
+class DeviceBusy(CapacityExceeded):
+    """A request waited in line for its devices as long as the operator allows (ACCELDEMO_DEVICE_WAIT_S); nothing
+    was started."""
+
+
 class Cancelled(AcceldemoError):
     """The person stopped the job; it ended at the next denoise step and freed the device."""
 

@@ -50,7 +50,8 @@ def test_smoke_bench_reports_every_asked_section(smoke_report):
     assert sections == {1, 3, 4, 5, 6, 7}
     keys = {figure["key"] for figure in report["figures"]}
     assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
-            "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_errors"} <= keys
+            "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_v1_p50_1_client",
+            "serving_errors"} <= keys
 
 
 @pytest.mark.slow

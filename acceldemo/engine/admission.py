@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import Cancelled, CapacityExceeded, QueueFull
+from ..errors import Cancelled, DeviceBusy, QueueFull
 from ..records import DeviceSet, Progress, ProgressCallback
 
 # How often a waiting request looks at its stop flag and tells its place in line when that changed.
@@ -87,8 +87,8 @@ class Line:
                     if cancelled():
                         raise Cancelled(f"stopped while {ordinal(place)} in line for {ticket.where()}; "
                                         "nothing was started")
-                    raise CapacityExceeded(f"{ticket.where()} stayed busy for {self.wait_s:.0f} s "
-                                           "(ACCELDEMO_DEVICE_WAIT_S); retry in a moment")
+                    raise DeviceBusy(f"{ticket.where()} stayed busy for {self.wait_s:.0f} s "
+                                     "(ACCELDEMO_DEVICE_WAIT_S); retry in a moment")
             if granted is not None:
                 return granted
             if place != told:

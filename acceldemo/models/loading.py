@@ -32,9 +32,32 @@ def _model_source(spec: ModelSpec, settings: Settings) -> str:
         from .tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(spec.tiny_family, settings.cache_dir / "models"))
-    if settings.model_dir and (settings.model_dir / spec.repo).is_dir():
-        return str(settings.model_dir / spec.repo)
-    return spec.repo
+    folder = _model_dir_folder(spec, settings)
+    return str(folder) if folder else spec.repo
+
+
+def _model_dir_folder(spec: ModelSpec, settings: Settings) -> Path | None:
+    """The model's folder under ACCELDEMO_MODEL_DIR, if it is there."""
+    if spec.repo and settings.model_dir and (settings.model_dir / spec.repo).is_dir():
+        return settings.model_dir / spec.repo
+    return None
+
+
+def model_availability(spec: ModelSpec, settings: Settings) -> tuple[bool, str]:
+    """Whether the model's weights are on this host, and where (or why not), without loading or building anything."""
+    if spec.bundled:
+        return True, "embedded: its trained weights ship with the app"
+    if spec.tiny_family:
+        return True, "embedded: built offline on first use"
+    if _model_dir_folder(spec, settings):
+        return True, f"in ACCELDEMO_MODEL_DIR ({settings.model_dir / spec.repo})"
+    from huggingface_hub import try_to_load_from_cache
+
+    # A diffusers model's folder always holds model_index.json; the cache is only read, never filled.
+    if isinstance(try_to_load_from_cache(spec.repo, "model_index.json"), str):
+        return True, "in the Hugging Face cache"
+    return False, (f"not on this host: not under ACCELDEMO_MODEL_DIR ({settings.model_dir or 'unset'}) and not in "
+                   f"the Hugging Face cache; the app never downloads (`hf download {spec.repo}` on a connected host)")
 
 
 def load_pipeline(spec: ModelSpec, settings: Settings, **components):

@@ -1,4 +1,5 @@
-"""The serving process: Gradio page mounted on FastAPI beside /health, /ready, /status and /metrics."""
+"""The serving process: Gradio page mounted on FastAPI beside /health, /ready, /status, /metrics and the
+OpenAI-compatible Images API (/v1)."""
 from __future__ import annotations
 
 import argparse
@@ -6,18 +7,21 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+import os
 import threading
 
 import gradio as gr
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import config
 from ..engine import SessionManager, parse_resolution
 from ..errors import AcceldemoError
 from ..executors.routing import RoutingExecutor
 from ..records import GenerateRequest
+from .openai_api import ImageStore, openai_http_error, openai_router
 from .page import build_page, status_json
 
 log = logging.getLogger("acceldemo.server")
@@ -81,11 +85,13 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
     """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
     (or has run past `warmup_timeout_s`).
 
-    `auth` protects the page and the Gradio API; `api_token` protects /status and /metrics.
+    `auth` protects the page and the Gradio API; `api_token` protects /status, /metrics and /v1.
     /health and /ready stay open for load balancers.
     """
     guarded = [Depends(bearer_guard(api_token))]
     startup: dict = {} if warmup else {"done": True}
+    # Images answered as URLs, in the app's private temporary folder (app.py makes it 0700 and removes it at exit).
+    images = ImageStore(parent=os.environ.get("GRADIO_TEMP_DIR"))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -102,6 +108,7 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
         yield
         if watchdog is not None:
             watchdog.cancel()
+        images.close()
         manager.close()
 
     app = FastAPI(lifespan=lifespan)
@@ -124,6 +131,8 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(manager.stats.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(openai_router(manager, startup, images, guarded))
+    app.add_exception_handler(StarletteHTTPException, openai_http_error)
     page = build_page(manager, startup)
     # Gradio's queue is only the page's transport: it passes every job on to the engine, whose line decides who
     # waits, who runs and who is refused (one limit for every front end). So its concurrency, and its worker
@@ -136,8 +145,10 @@ def create_app(manager: SessionManager, warmup: tuple[str, list] | None = None, 
 def main(argv: list[str] | None = None) -> None:
     settings = config.settings()
     parser = argparse.ArgumentParser(prog="app.py", description="Serve the acceldemo page and API.")
-    parser.add_argument("--host", default=settings.host, help="bind address (default 127.0.0.1; env ACCELDEMO_HOST)")
-    parser.add_argument("--port", type=int, default=settings.port, help="port (default 7860; env PORT)")
+    parser.add_argument("--host", default=settings.host,
+                        help="bind address (default 127.0.0.1; env GRADIO_SERVER_NAME, else ACCELDEMO_HOST)")
+    parser.add_argument("--port", type=int, default=settings.port,
+                        help="port (default 7860; env GRADIO_SERVER_PORT, else PORT)")
     parser.add_argument("--warmup", default=settings.warmup,
                         help="compile at start: MODE:WxH[,WxH...], e.g. compiled:64x64,128x64 (env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
@@ -156,8 +167,10 @@ def main(argv: list[str] | None = None) -> None:
             config.use(settings)
     except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
-    if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
-        log.warning("serving on %s without --auth: anyone who reaches this address can use the page", args.host)
+    open_doors = [door for door, guard in (("the page (no --auth)", auth),
+                                           ("the /v1 API (no ACCELDEMO_API_TOKEN)", settings.api_token)) if not guard]
+    if args.host not in ("127.0.0.1", "localhost", "::1") and open_doors:
+        log.warning("serving on %s: anyone who reaches this address can use %s", args.host, " and ".join(open_doors))
     app = create_app(SessionManager(settings, RoutingExecutor(settings)), warmup, args.model, auth,
                      settings.api_token)
     log.info("serving on http://%s:%d", args.host, args.port)
