@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_SCRIPT = ROOT / "bench" / "device" / "flux2_klein_cuda.py"
 # The pool has tests of its own and is the slowest section to start; CI keeps this smoke run short without it.
-SMOKE_SECTIONS = "manager,compiled,revisits,regional,restart,serving"
+SMOKE_SECTIONS = "manager,compiled,revisits,regional,restart,serving,replicas"
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
@@ -47,11 +47,21 @@ def test_smoke_bench_writes_json_markdown_and_chart(smoke_report):
 def test_smoke_bench_reports_every_asked_section(smoke_report):
     report, _, _ = smoke_report
     sections = {figure["section"] for figure in report["figures"]}
-    assert sections == {1, 3, 4, 5, 6, 7}
+    assert sections == {1, 3, 4, 5, 6, 7, 8}
     keys = {figure["key"] for figure in report["figures"]}
     assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
             "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_v1_p50_1_client",
-            "serving_errors"} <= keys
+            "serving_errors", "replicas_throughput", "replicas_p50", "replicas_compile_once", "replicas_errors"} <= keys
+
+
+@pytest.mark.slow
+def test_replica_configurations_serve_every_request_each_on_its_replicas(smoke_report):
+    report, _, _ = smoke_report
+    figures = {f["key"]: f for f in report["figures"]}
+    assert figures["replicas_errors"]["value"]["high"] == 0
+    runs = figures["replicas_throughput"]["detail"]
+    assert runs["2 replicas, 1 core each"]["by_device"] == {"cpu:0": 1, "cpu:1": 1}
+    assert runs["1 replica, 1 core"]["by_device"] == {"cpu:0": 2} == runs["1 replica, 2 cores"]["by_device"]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from .report import BenchReport
 
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
-SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving")
+SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas")
 
 def _shapes(*sizes: str) -> tuple[Shape, ...]:
     return tuple(Shape.parse(size) for size in sizes)
@@ -51,6 +51,8 @@ class Plan:
     serving_clients: int
     serving_per_client: int
     pool_pairs: int
+    replica_clients: int  # concurrent clients of each replica configuration (section 8)
+    replica_per_client: int
     notes: tuple[str, ...] = ()
 
 
@@ -58,11 +60,12 @@ PLANS = {
     "full": Plan("full", "inductor", overhead_pairs=30, shapes=_shapes("64x64", "128x128", "256x256"),
                  latency_runs=15, revisit_shapes=REVISIT_DISTINCT, compile_runs=2, warm_runs=15,
                  restart_backend="inductor", cold_runs=2, restart_runs=3, serving_mode="compiled",
-                 serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=15),
+                 serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=15,
+                 replica_clients=8, replica_per_client=8),
     "quick": Plan("quick", "aot_eager", overhead_pairs=16, shapes=_shapes("64x64", "128x128"), latency_runs=6,
                   revisit_shapes=REVISIT_SHARED, compile_runs=1, warm_runs=6, restart_backend="inductor",
                   cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=8, serving_clients=8,
-                  serving_per_client=2, pool_pairs=4,
+                  serving_per_client=2, pool_pairs=4, replica_clients=8, replica_per_client=4,
                   notes=("--quick: the in-process compiled sections (1, 4, 5, 6) use the aot_eager backend, which "
                          "traces like inductor but runs at eager speed: compile seconds and graph counts are "
                          "real, compiled-vs-eager latencies are not; the full run uses inductor. Restart (3) "
@@ -71,7 +74,7 @@ PLANS = {
     "smoke": Plan("smoke", "eager", overhead_pairs=3, shapes=_shapes("64x64"), latency_runs=2,
                   revisit_shapes=_shapes("64x64", "64x128", "128x64"), compile_runs=1, warm_runs=2,
                   restart_backend="eager", cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=2,
-                  serving_clients=2, serving_per_client=1, pool_pairs=2,
+                  serving_clients=2, serving_per_client=1, pool_pairs=2, replica_clients=2, replica_per_client=1,
                   notes=("--smoke: checks that every section runs, with dynamo's 'eager' backend (tracing and "
                          "guards, no code generation) and the fewest runs; its figures are not measurements.",)),
 }
@@ -325,7 +328,7 @@ def regional_vs_whole(bench: InProcessBench) -> list[Figure]:
     ]
 
 
-# --- sections 2 and 7 (other processes) --------------------------------------------------------------------------
+# --- sections 2, 7 and 8 (other processes) --------------------------------------------------------------------
 
 def pool_overhead(bench: InProcessBench) -> list[Figure]:
     from .pool_bench import measure_pool
@@ -337,6 +340,12 @@ def serving(bench: InProcessBench) -> list[Figure]:
     from .serving import measure_serving
 
     return measure_serving(bench, bench.server)
+
+
+def replicas(bench: InProcessBench) -> list[Figure]:
+    from .replicas import replicas as measure_replicas
+
+    return measure_replicas(bench)
 
 
 def restart(bench: InProcessBench) -> list[Figure]:
@@ -363,7 +372,8 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
-    ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart))
+    ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
+    ("replicas", replicas))
 
 
 def environment(options: BenchOptions, bench: InProcessBench) -> dict:

@@ -36,15 +36,17 @@ def _free_port() -> int:
 class AppServer:
     """app.py on a free loopback port: started at once (its start-up overlaps other sections), waited for later."""
 
-    def __init__(self, warmup: str):
+    def __init__(self, warmup: str, model: str | None = None, env: dict[str, str] | None = None):
         self.url = f"http://127.0.0.1:{_free_port()}"
-        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-        for variable in ("ACCELDEMO_AUTH", "ACCELDEMO_API_TOKEN", "ACCELDEMO_HOST", "PORT", "ACCELDEMO_WARMUP"):
-            env.pop(variable, None)  # the bench's client talks to a plain loopback server
+        environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+        for variable in ("ACCELDEMO_AUTH", "ACCELDEMO_API_TOKEN", "ACCELDEMO_HOST", "PORT", "ACCELDEMO_WARMUP",
+                         "GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT"):
+            environment.pop(variable, None)  # the bench's client talks to a plain loopback server
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port",
-                                         self.url.rsplit(":", 1)[1], "--warmup", warmup], env=env, stdout=self.log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         self.url.rsplit(":", 1)[1], "--warmup", warmup,
+                                         *(["--model", model] if model else [])], env={**environment, **(env or {})},
+                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def ready(self) -> str:
         """The URL, once /ready answers 200 (the start-up warm-up is done)."""
