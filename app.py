@@ -2,6 +2,8 @@
 import atexit
 import os
 import shutil
+import signal
+import sys
 import tempfile
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -13,4 +15,7 @@ if "GRADIO_TEMP_DIR" not in os.environ:
 from acceldemo.ui.server import main  # noqa: E402
 
 if __name__ == "__main__":
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found: make that an
+    # exit that runs the atexit clean-ups (the image folder, any worker pool) instead of a kill that skips them.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     main()

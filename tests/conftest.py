@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from tests.engines import new_manager  # noqa: E402
+from tests.engines import free_port, new_manager  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -40,14 +40,6 @@ def fresh_manager():
         m.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerUrl(str):
     """The served app's base URL; `.pid` is its process, for tests that read its memory."""
 
@@ -62,7 +54,7 @@ def server(tmp_path_factory):
     import time
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(log_path, "w") as log:

@@ -19,15 +19,19 @@ def new_manager(settings: Settings | None = None, **overrides) -> SessionManager
     return SessionManager(settings, RoutingExecutor(settings))
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextlib.contextmanager
 def serving(app) -> Iterator[str]:
     """A FastAPI app served by uvicorn on a free loopback port in this process (so a test can call its engine
     directly beside its HTTP clients); yields the base URL."""
     import uvicorn
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()

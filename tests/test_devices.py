@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from acceldemo.hardware import HARDWARE, register
 from acceldemo.records import GenerateRequest
+from tests.engines import free_port
 from tests.fakes.fifth_hardware import TwinAccelerator, write_plugin
 from tests.fakes.standin_packages import python_path
 
@@ -111,7 +112,7 @@ def test_a_fifth_hardware_in_one_file_shows_in_info_cli_bench_and_page(tmp_path)
                            "--out", str(tmp_path / "out"), "--json").splitlines()[-1])
     assert facts["device"] == "twin:1" and Path(facts["path"]).exists()
 
-    port = _free_port()
+    port = free_port()
     app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -121,14 +122,6 @@ def test_a_fifth_hardware_in_one_file_shows_in_info_cli_bench_and_page(tmp_path)
     finally:
         app.terminate()
         app.wait(30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _json_when_up(url: str, process: subprocess.Popen) -> dict:

@@ -4,7 +4,6 @@ import base64
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from acceldemo.models.loading import model_availability
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
-from tests.engines import serving
+from tests.engines import free_port, serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -366,15 +365,9 @@ def test_gradios_address_variables_win_over_acceldemo_host_and_port():
         Settings.from_env({**env, "GRADIO_SERVER_PORT": "http"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_app_py_serves_where_gradio_s_variables_say(tmp_path):
-    port, other = _free_port(), _free_port()
+    port, other = free_port(), free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), "PORT": str(other)}
     env.pop("ACCELDEMO_WARMUP", None)
     with open(tmp_path / "app.log", "w") as log:

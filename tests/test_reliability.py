@@ -1,8 +1,11 @@
 """Reliability in the engine and the served app: stop, busy devices, bad input everywhere, load, exposure."""
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -15,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from acceldemo.errors import Cancelled, CapacityExceeded
 from acceldemo.records import DeviceSet, GenerateRequest
+from tests.engines import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -341,3 +345,28 @@ def test_page_and_engine_callers_share_one_line_and_one_set_of_counters(fresh_ma
         status = json.loads(urllib.request.urlopen(url + "/status", timeout=10).read())
         assert status["counters"]["requests"] == {"ok": 3, "invalid": 0, "refused": 4, "cancelled": 0, "failed": 0}
         assert status["queue_depth"] == 0
+
+
+@pytest.mark.slow
+def test_a_terminated_app_removes_its_private_image_folder():
+    # uvicorn re-raises SIGTERM after its graceful shutdown; the app must still run its clean-ups.
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"}
+    port, before = free_port(), set(glob.glob(f"{tempfile.gettempdir()}/acceldemo-images-*"))
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert app.poll() is None and time.monotonic() < deadline
+                time.sleep(0.5)
+        (folder,) = set(glob.glob(f"{tempfile.gettempdir()}/acceldemo-images-*")) - before
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+        app.terminate()
+        assert app.wait(30) == 128 + signal.SIGTERM
+        assert not os.path.exists(folder)
+    finally:
+        app.kill()
