@@ -402,9 +402,10 @@ class SessionManager:
             with self._lock:
                 if replica.state != "restarting":
                     replica.state = "idle"
-        with self._lock:
-            replica.served += 0 if warm_up else 1
-            replica.last_latency = result.seconds - result.queue_wait - result.load_seconds
+        if not warm_up:
+            with self._lock:
+                replica.served += 1
+                replica.last_latency = result.seconds - result.queue_wait - result.load_seconds
         return result
 
     def _call(self, entry: _Entry, spec: ModelSpec, request: GenerateRequest, on_progress, cancelled, warm_up: bool,

@@ -48,7 +48,7 @@ class LocalExecutor:
         pipe = load_pipeline(spec, self.settings)
         # Progress goes through our own events; diffusers' tqdm bars would only clutter logs.
         pipe.set_progress_bar_config(disable=True)
-        on_progress(Progress("load", f"placing on {hardware.name} ({key.placement}, {key.mode})",
+        on_progress(Progress("load", f"placing on {key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
         store = self.store if precompiles(self.settings, hardware, key.mode, key.placement) else None
         apply_recipe(pipe, hardware, key.mode, key.placement, store, spec.name, hardware.torch_device(key.devices),

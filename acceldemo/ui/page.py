@@ -132,6 +132,7 @@ def latency_points(manager: SessionManager) -> list[tuple[str, str, float]]:
 def latency_chart(points: list[tuple[str, str, float]]):
     """First-call vs warm latency per shape, on a log axis: an 80 s first call and 50 ms warm calls both show."""
     from matplotlib.figure import Figure  # the object API: safe to draw from the server's threads
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     shapes = sorted({shape for shape, _, _ in points}, key=lambda t: tuple(map(int, t.split("x"))))
     figure = Figure(figsize=(7, 2.8), dpi=100, layout="constrained")
@@ -142,7 +143,12 @@ def latency_chart(points: list[tuple[str, str, float]]):
         if mine:
             axes.scatter(*zip(*mine), color=colors[series], label=series, s=36, zorder=3)
     axes.set_yscale("log")
+    # Plain seconds at 1, 2 and 5 of every decade (0.05, 0.1, 0.2, ... 50), not powers of ten.
+    axes.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
     axes.set_xticks(range(len(shapes)), shapes)
+    axes.set_xlim(-0.5, max(len(shapes), 1) - 0.5)
     axes.set_ylabel("seconds (log)")
     axes.set_title("First call vs warm latency", fontsize=10)
     axes.grid(True, which="both", axis="y", alpha=0.3)
