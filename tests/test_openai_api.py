@@ -25,7 +25,7 @@ from acceldemo.models.loading import model_availability
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
-from tests.engines import free_port, serving
+from tests.engines import DeviceHolder, free_port, serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -226,18 +226,9 @@ def test_the_token_is_the_clients_api_key(fresh_manager):
 
 def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_manager):
     m = fresh_manager(queue_size=1)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_device(event):
-        if event.phase == "denoise":
-            holding.set()
-            release.wait(120)
-
-    blocker = threading.Thread(target=m.generate, args=(GenerateRequest(prompt="first", hardware="cpu", steps=1),
-                                                        hold_the_device))
+    blocker = DeviceHolder(m)
     with serving(create_app(m)) as url:
         blocker.start()
-        assert holding.wait(120)
         gave_up = []
 
         def impatient() -> None:
@@ -272,8 +263,7 @@ def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_m
             assert time.monotonic() < deadline + 30, m.counters()
             time.sleep(0.05)
         assert m.queue_depth() == 0 and blocker.is_alive()
-        release.set()
-        blocker.join(60)
+        blocker.release()
         assert m.counters()["requests"] == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 2, "failed": 0}
 
 
