@@ -10,6 +10,8 @@ from .shapes import SIZES as SHAPES_SIZES
 from .shapes import phrasing as shapes_phrasing
 
 GB = 1000**3
+# The unknown words a note names before it says "and N more".
+NOTE_WORDS = 12
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class ModelSpec:
         unknown = self.unknown_words(prompt)
         if not unknown:
             return ""
-        return f"{self.name} does not know: {', '.join(unknown)} — it knows {self.vocabulary_summary}"
+        named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more" if len(unknown) > NOTE_WORDS
+                                                   else "")
+        return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
