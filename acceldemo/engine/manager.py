@@ -461,7 +461,7 @@ class SessionManager:
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not first_visit and out.new_graphs == 0,
             compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
-            unknown_words=spec.unknown_words(request.prompt), note=spec.vocabulary_note(request.prompt))
+            unknown_words=spec.unknown_words(request.prompt), note=spec.prompt_note(request.prompt))
         self.stats.observe(result)
         if cancelled():
             raise Cancelled(f"stopped at {shape} after {len(out.step_seconds) + 1} of {request.steps} steps; "

@@ -1,6 +1,7 @@
 """The models the demo offers: pipeline class, recipe defaults, valid shapes, sizes and what can be sharded."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..config import settings
@@ -50,10 +51,13 @@ class ModelSpec:
     description: str = ""
     # Prompts that show what the model can do, offered beside the prompt box.
     example_prompts: tuple[str, ...] = ()
-    # The words the model was trained on (empty: any prompt goes, nothing is checked), and a
-    # sentence that names them for a person (what a "does not know" note ends with).
+    # The words the model was trained on (empty: any prompt goes, nothing is checked) and a sentence that names them
+    # for a person (what a "does not know" note ends with); the pattern (a regular expression) its captions follow,
+    # if it learnt only one, and how to say it.
     vocabulary: tuple[str, ...] = ()
     vocabulary_summary: str = ""
+    prompt_pattern: str = ""
+    pattern_summary: str = ""
 
     @property
     def weight_bytes(self) -> int:
@@ -71,14 +75,18 @@ class ModelSpec:
         # Split as the vocabulary itself was: case-folded runs of letters or digits.
         return tuple(dict.fromkeys(word for word in shapes_phrasing.words(prompt) if word not in known))
 
-    def vocabulary_note(self, prompt: str) -> str:
-        """What to tell a person whose prompt has words the model does not know; "" when it knows them all."""
+    def prompt_note(self, prompt: str) -> str:
+        """What to tell a person whose prompt goes beyond what the model learnt (words it does not know, a phrasing
+        it was not trained on); "" when nothing does."""
+        notes = []  # a phrasing in known words only: an unknown word breaks the pattern anyway
         unknown = self.unknown_words(prompt)
-        if not unknown:
-            return ""
-        named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more" if len(unknown) > NOTE_WORDS
-                                                   else "")
-        return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
+        if unknown:
+            named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more"
+                                                       if len(unknown) > NOTE_WORDS else "")
+            notes.append(f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}")
+        elif self.prompt_pattern and not re.fullmatch(self.prompt_pattern, prompt.strip()):
+            notes.append(f"{self.name} was trained on {self.pattern_summary}; other phrasings are drawn unreliably")
+        return ". ".join(notes)
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
@@ -100,11 +108,11 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0,
         tp_components=("transformer", "text_encoder"), attention_heads=4,
         description="A FLUX.2-klein-family model trained here to draw one coloured shape on a background at "
-                    f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from captions such as "
-                    "'a red circle on a blue background, top left', 'green disc, upper right' or 'a square'. "
-                    "See acceldemo/models/shapes/MODEL_CARD.md.",
+                    f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from one sentence pattern: "
+                    "'a red circle on a blue background, top left'. See acceldemo/models/shapes/MODEL_CARD.md.",
         example_prompts=shapes_phrasing.EXAMPLE_PROMPTS, vocabulary=shapes_phrasing.VOCABULARY,
-        vocabulary_summary=shapes_phrasing.KNOWN_WORDS_SUMMARY,
+        vocabulary_summary=shapes_phrasing.KNOWN_WORDS_SUMMARY, prompt_pattern=shapes_phrasing.PATTERN,
+        pattern_summary=shapes_phrasing.PATTERN_SUMMARY,
         **{**_TINY, "default_shape": Shape(*SHAPES_SIZES[0]), "presets": tuple(Shape(*size) for size in SHAPES_SIZES),
            "only_presets": True}),
     ModelSpec(
