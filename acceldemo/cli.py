@@ -165,6 +165,8 @@ def cmd_generate(args, manager) -> int:
         for run in range(args.repeat):
             result = manager.generate(request, progress)
             r = result.request
+            if result.note and run == 0 and not args.json:
+                print(f"note: {result.note}", file=sys.stderr, flush=True)
             for i, image in enumerate(result.images):
                 path = args.out / f"{r.model}-{r.hardware}-{r.mode}-{r.width}x{r.height}-seed{r.seed}-{run}-{i}.png"
                 image.save(path)

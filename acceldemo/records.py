@@ -151,6 +151,9 @@ class GenerateResult:
     warm: bool
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    # Words of the prompt the model was not trained on, and the sentence that tells a person so ("" if none).
+    unknown_words: tuple[str, ...] = ()
+    note: str = ""
 
     @property
     def image(self):
@@ -168,4 +171,5 @@ class GenerateResult:
             "compile_seconds": round(self.compile_seconds, 4), "new_graphs": self.new_graphs,
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
             "device": str(self.key.devices or self.key.hardware),
+            "unknown_words": list(self.unknown_words), "note": self.note,
         }

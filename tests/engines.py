@@ -47,6 +47,35 @@ def serving(app) -> Iterator[str]:
         thread.join(30)
 
 
+class DeviceHolder:
+    """A generation that holds the manager's device at its first denoise step until `release()`."""
+
+    def __init__(self, manager: SessionManager):
+        from acceldemo.records import GenerateRequest
+
+        self._holding, self._released = threading.Event(), threading.Event()
+
+        def hold(event) -> None:
+            if event.phase == "denoise":
+                self._holding.set()
+                self._released.wait(120)
+
+        self.thread = threading.Thread(target=manager.generate,
+                                       args=(GenerateRequest(prompt="first", hardware="cpu", steps=1), hold))
+
+    def start(self) -> None:
+        """Start it; returns once it holds the device."""
+        self.thread.start()
+        assert self._holding.wait(120), "the holding job never reached its first step"
+
+    def release(self) -> None:
+        self._released.set()
+        self.thread.join(60)
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+
 def processes_started_by(app_pid: int) -> list[int]:
     """Running processes of a pool that the app `app_pid` launched (torchrun and ranks carry its pid in their
     environment), so other pools running on this machine at the same time do not count."""

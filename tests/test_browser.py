@@ -149,3 +149,23 @@ def test_a_bad_size_typed_in_the_page_is_the_engines_message_and_the_page_serves
     type_resolution(page, "64x64")
     result = generate_and_watch(page, seed=31)
     assert "64x64" in result[-1]
+
+
+def test_an_example_picks_tiny_shapes_at_its_size_and_an_unknown_word_is_named(page):
+    from acceldemo.models.catalog import get_model
+
+    spec = get_model("tiny-shapes")
+    page.locator("#examples-tiny-shapes").get_by_text(spec.example_prompts[1], exact=True).click()
+    page.wait_for_function("t => document.querySelector('#prompt textarea').value === t", arg=spec.example_prompts[1])
+    assert page.locator("#model input").input_value() == spec.title
+    box = page.locator("#resolution input")
+    page.wait_for_function("() => document.querySelector('#resolution input').value === '64x64'")
+    box.click()
+    options = page.locator(f"#{box.get_attribute('aria-controls')} [role=option]")
+    assert [option.get_attribute("aria-label") for option in options.all()] == [str(s) for s in spec.presets]
+    options.first.click()
+    choose(page, "mode", "eager")
+    page.locator("#prompt textarea").fill("a yellow square on a purple background, center")
+    result = generate_and_watch(page, seed=41)
+    assert "64x64" in result[-1] and "tiny-shapes does not know: purple — it knows red" in result[-1]
+    assert page.locator("#image img").evaluate("img => [img.naturalWidth, img.naturalHeight]") == [64, 64]

@@ -25,7 +25,7 @@ from acceldemo.models.loading import model_availability
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
-from tests.engines import free_port, serving
+from tests.engines import DeviceHolder, free_port, serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -146,6 +146,23 @@ def test_invalid_requests_are_400_naming_the_api_field_with_the_engine_message(c
 
 
 @pytest.mark.slow
+def test_tiny_shapes_lists_and_accepts_only_its_trained_size_and_names_unknown_words(client):
+    assert client.models.retrieve("tiny-shapes").sizes == ["64x64"]
+    for size in ("128x128", "1024x1024", "96x64"):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.images.generate(model="tiny-shapes", prompt="a red square", size=size)
+        assert raised.value.param == "size", size
+        assert f"resolution='{size}' is not accepted: one of the sizes tiny-shapes was trained at: 64x64" \
+            in raised.value.message
+    answer = client.images.generate(model="tiny-shapes", prompt="a YELLOW square on a Purple background, sparkly",
+                                    size="64x64", extra_body={"mode": "eager"})
+    assert pixels(answer.data[0].b64_json).shape == (64, 64, 3)
+    facts = answer.acceldemo[0]
+    assert facts["unknown_words"] == ["purple", "sparkly"]
+    assert facts["note"].startswith("tiny-shapes does not know: purple, sparkly — it knows red, green, blue")
+
+
+@pytest.mark.slow
 def test_an_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as raised:
         client.images.generate(model="sdxl", prompt="a red circle")
@@ -167,7 +184,7 @@ def test_a_request_through_the_route_is_counted_once_like_the_page(client, serve
     after, timed_after = counts()
     assert after == {**before, "ok": before["ok"] + 1} and timed_after == timed_before + 1
     with pytest.raises(openai.BadRequestError):
-        client.images.generate(prompt="counted", size="64x100")
+        client.images.generate(prompt="counted", size="64x100", n=3)  # one request refused: counted once
     assert counts()[0] == {**after, "invalid": after["invalid"] + 1}
 
 
@@ -208,18 +225,9 @@ def test_the_token_is_the_clients_api_key(fresh_manager):
 
 def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_manager):
     m = fresh_manager(queue_size=1)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_device(event):
-        if event.phase == "denoise":
-            holding.set()
-            release.wait(120)
-
-    blocker = threading.Thread(target=m.generate, args=(GenerateRequest(prompt="first", hardware="cpu", steps=1),
-                                                        hold_the_device))
+    blocker = DeviceHolder(m)
     with serving(create_app(m)) as url:
         blocker.start()
-        assert holding.wait(120)
         gave_up = []
 
         def impatient() -> None:
@@ -254,8 +262,7 @@ def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_m
             assert time.monotonic() < deadline + 30, m.counters()
             time.sleep(0.05)
         assert m.queue_depth() == 0 and blocker.is_alive()
-        release.set()
-        blocker.join(60)
+        blocker.release()
         assert m.counters()["requests"] == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 2, "failed": 0}
 
 

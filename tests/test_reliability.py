@@ -291,22 +291,13 @@ def test_page_and_engine_callers_share_one_line_and_one_set_of_counters(fresh_ma
 
     from acceldemo.errors import QueueFull
     from acceldemo.ui.server import create_app
-    from tests.engines import serving
+    from tests.engines import DeviceHolder, serving
 
     m = fresh_manager(queue_size=2)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_device(event):
-        if event.phase == "denoise":
-            holding.set()
-            release.wait(120)
-
-    blocker = threading.Thread(target=m.generate, args=(GenerateRequest(prompt="first", hardware="cpu", steps=1),
-                                                        hold_the_device))
+    blocker = DeviceHolder(m)
     with serving(create_app(m)) as url:
         client = Client(url + "/", verbose=False)
         blocker.start()
-        assert holding.wait(120)
         start = threading.Barrier(6)
 
         def through_the_page(seed):
@@ -332,9 +323,8 @@ def test_page_and_engine_callers_share_one_line_and_one_set_of_counters(fresh_ma
                 assert time.monotonic() < deadline, ([f.done() for f in asked], m.queue_depth())
                 time.sleep(0.05)
             assert m.queue_depth() == 2 and sum(f.done() for f in asked) == 4  # the refused answered at once
-            release.set()
+            blocker.release()
             outcomes = [f.result() for f in asked]
-        blocker.join(60)
         refused = [text for kind, text in outcomes if kind == "refused"]
         assert len(refused) == 4 and sum(kind == "ok" for kind, _ in outcomes) == 2, outcomes
         assert all("the queue is full: 2 request(s) are already waiting for a device (ACCELDEMO_QUEUE_SIZE=2)"

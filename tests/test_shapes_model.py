@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
 import torch
 from diffusers import Flux2KleinPipeline
 
+from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.shapes import RECOMMENDED_STEPS, trained_model_dir
 from acceldemo.models.shapes.dataset import (
     COLOURS,
@@ -20,6 +22,8 @@ from acceldemo.models.shapes.dataset import (
     training_scenes,
 )
 from acceldemo.models.shapes.judge import judge
+from acceldemo.models.shapes.phrasing import words
+from acceldemo.records import Shape
 
 # Held-out captions: the model never saw these during training.
 PROMPTED_SCENES = [
@@ -122,3 +126,60 @@ def test_compiled_transformer_draws_like_eager(eager_pipe, mode):
     eager = _draw(eager_pipe, PROMPTED_SCENES)
     for left, right in zip(compiled, eager, strict=True):
         assert np.abs(np.asarray(left, dtype=int) - np.asarray(right, dtype=int)).max() <= 1
+
+
+# --- what the catalog tells the page and the API --------------------------------------------------
+
+SHAPES_MODEL = get_model("tiny-shapes")
+
+
+def test_tiny_shapes_is_served_only_at_the_size_it_was_trained_at():
+    assert SHAPES_MODEL.presets == (Shape(64, 64),) and SHAPES_MODEL.default_shape == Shape(64, 64)
+    assert SHAPES_MODEL.only_presets
+    assert not any(spec.only_presets for name, spec in CATALOG.items() if name != "tiny-shapes")
+
+
+def test_its_vocabulary_is_every_word_of_its_training_captions():
+    captions = [scene.caption for scene in all_scenes()]
+    assert set(SHAPES_MODEL.vocabulary) == {word for caption in captions for word in words(caption)}
+    assert all(re.fullmatch(SHAPES_MODEL.prompt_pattern, caption) for caption in captions)
+    assert all(SHAPES_MODEL.prompt_note(caption) == "" for caption in captions)
+
+
+def test_unknown_words_are_named_once_in_prompt_order():
+    prompt = "a yellow square on a PURPLE background, center — purple, sparkly!"
+    assert SHAPES_MODEL.unknown_words(prompt) == ("purple", "sparkly")
+    note = SHAPES_MODEL.prompt_note("a yellow square on a purple background, center")
+    assert note == ("tiny-shapes does not know: purple — it knows red, green, blue, yellow, white, black; circle, "
+                    "square, triangle; top left, top right, bottom left, bottom right, center")
+
+
+def test_a_phrasing_it_was_not_trained_on_is_said_even_in_known_words():
+    for prompt in ("a red square on a blue background", "A red square on a blue background, top left", "red square"):
+        assert SHAPES_MODEL.unknown_words(prompt) == ()
+        assert SHAPES_MODEL.prompt_note(prompt) == (
+            "tiny-shapes was trained on one sentence, in lower case: 'a COLOUR SHAPE on a COLOUR background, "
+            "POSITION'; other phrasings are drawn unreliably"), prompt
+    assert SHAPES_MODEL.prompt_note("a purple square") == (  # an unknown word alone says enough
+        "tiny-shapes does not know: purple — it knows red, green, blue, yellow, white, black; circle, square, "
+        "triangle; top left, top right, bottom left, bottom right, center")
+
+
+def test_a_long_prompt_of_unknown_words_gets_a_short_note():
+    prompt = " ".join(f"word{i}" for i in range(200))
+    assert len(SHAPES_MODEL.unknown_words(prompt)) == 200
+    assert "word11 and 188 more — it knows red" in SHAPES_MODEL.prompt_note(prompt)
+
+
+def test_models_without_a_vocabulary_never_complain():
+    spec = get_model("tiny-flux2-klein")
+    assert spec.unknown_words("a purple unicorn") == () and spec.prompt_note("a purple unicorn") == ""
+
+
+def test_every_example_prompt_is_drawn_as_it_says(eager_pipe):
+    by_caption = {scene.caption: scene for scene in all_scenes()}
+    scenes = [by_caption[prompt] for prompt in SHAPES_MODEL.example_prompts]
+    for seed in (0, 1):
+        images = _draw(eager_pipe, scenes, seed=seed)
+        for image, scene in zip(images, scenes, strict=True):
+            assert all(judge(image).matches(scene).values()), (scene, seed, judge(image))

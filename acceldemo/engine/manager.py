@@ -134,9 +134,16 @@ class SessionManager:
 
     # --- front ends call these ----------------------------------------------------------------------------------
 
-    def check(self, request: GenerateRequest) -> GenerateRequest:
-        """The request with every default filled in, or the first thing wrong with it (a typed error)."""
-        return check_request(request, self.settings)
+    def check(self, request: GenerateRequest, counted: bool = False) -> GenerateRequest:
+        """The request with every default filled in, or the first thing wrong with it (a typed error). `counted`: a
+        refusal counts as one request, for a front end that checks once before asking for several images of it."""
+        if not counted:
+            return check_request(request, self.settings)
+        try:
+            return check_request(request, self.settings)
+        except AcceldemoError as error:
+            self.stats.count("generate", outcome_of(error))
+            raise
 
     def generate(self, request: GenerateRequest, on_progress: ProgressCallback = no_progress,
                  cancelled: Callable[[], bool] = lambda: False) -> GenerateResult:
@@ -453,7 +460,8 @@ class SessionManager:
             request=request, key=entry.key, images=out.images, seconds=time.perf_counter() - started,
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not first_visit and out.new_graphs == 0,
-            compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds)
+            compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
+            unknown_words=spec.unknown_words(request.prompt), note=spec.prompt_note(request.prompt))
         self.stats.observe(result)
         if cancelled():
             raise Cancelled(f"stopped at {shape} after {len(out.step_seconds) + 1} of {request.steps} steps; "

@@ -75,7 +75,7 @@ _BYTE_ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())
 
 # Qwen3's own template, cut down to what Flux2KleinPipeline sends: plain-text messages,
 # a generation prompt, and the empty think block that enable_thinking=False asks for.
-_QWEN3_CHAT_TEMPLATE = (
+QWEN3_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"
@@ -128,7 +128,7 @@ def _qwen2_tokenizer() -> Qwen2Tokenizer:
         vocab=_vocab([*specials, *_BYTE_ALPHABET]),
         merges=[],
         additional_special_tokens=specials[1:],
-        chat_template=_QWEN3_CHAT_TEMPLATE,
+        chat_template=QWEN3_CHAT_TEMPLATE,
     )
 
 

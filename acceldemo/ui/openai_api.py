@@ -286,8 +286,9 @@ def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
                 raise ApiError(503, f"the app is still warming up ({startup.get('state')}); /ready answers 200 once "
                                     "it is done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
             asked = ImageGenerationRequest.model_validate_json(await request.body())
-            job = ImageJob(manager, pool, images, asked.engine_requests(), asked.response_format == "url",
-                           progress=asked.stream)
+            each = asked.engine_requests()
+            manager.check(each[0], counted=True)  # refused once, not once per image
+            job = ImageJob(manager, pool, images, each, asked.response_format == "url", progress=asked.stream)
             if asked.stream:
                 return await stream(job, asked.response_format, request)
             made = await job.results(request)

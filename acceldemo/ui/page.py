@@ -82,7 +82,8 @@ def describe_result(result: GenerateResult) -> str:
     return (f"**{r.width}x{r.height}** · {r.model} · {result.key.devices} · {r.mode} · {r.placement}  \n"
             f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
-            f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}")
+            f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}"
+            + (f"  \n**{result.note}**" if result.note else ""))
 
 
 def describe_packages(store: dict) -> str:
@@ -219,8 +220,7 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
     """The page; `startup` holds the start-up warm-up state the page shows."""
     default = get_model(manager.settings.default_model)
     default_hw = best_available()
-    all_presets = sorted({str(s) for spec in CATALOG.values() for s in spec.presets},
-                         key=lambda t: tuple(map(int, t.split("x"))))
+    default_presets = [str(s) for s in default.presets]
 
     outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
     # Stop flags per browser session: Stop ends that session's job at its next denoise step.
@@ -271,9 +271,11 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
 
     def on_model(model, hardware, placement):
         spec = get_model(model)
-        return (gr.update(choices=[str(s) for s in spec.presets], value=str(spec.default_shape)),
+        presets = [str(s) for s in spec.presets]
+        return (gr.update(choices=presets, value=str(spec.default_shape)),
                 spec.steps, spec.guidance, option_notes(model, hardware, placement),
-                gr.update(**tp_size_choices(model, hardware, nodes)))
+                gr.update(**tp_size_choices(model, hardware, nodes)),
+                gr.update(choices=presets, value=[str(spec.default_shape)]))
 
     def on_hardware(model, hardware, placement):
         return option_notes(model, hardware, placement), gr.update(**tp_size_choices(model, hardware, nodes))
@@ -291,8 +293,10 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                     hardware = gr.Dropdown(hardware_choices(), value=default_hw, label="Hardware",
                                            elem_id="hardware")
                     mode = gr.Dropdown(list(all_modes()), value="eager", label="Mode", elem_id="mode")
-                    resolution = gr.Dropdown(all_presets, value=str(default.default_shape), allow_custom_value=True,
-                                             label="Resolution (WxH, presets or typed)", elem_id="resolution")
+                    # The model's presets; a typed size reaches the engine, which says why it is refused.
+                    resolution = gr.Dropdown(default_presets, value=str(default.default_shape),
+                                             allow_custom_value=True, label="Resolution (WxH, presets or typed)",
+                                             elem_id="resolution")
                 with gr.Row():
                     steps = gr.Number(default.steps, label="Steps", precision=0, elem_id="steps")
                     guidance = gr.Number(default.guidance, label="Guidance", elem_id="guidance")
@@ -309,12 +313,18 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                 with gr.Row():
                     run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+                for spec in CATALOG.values():
+                    if spec.example_prompts:  # a click fills the prompt and picks the model it is for
+                        gr.Examples([[text, spec.name] for text in spec.example_prompts], [prompt, model],
+                                    label=f"Prompts {spec.name} knows", elem_id=f"examples-{spec.name}",
+                                    visible_columns=[0])
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384)
                 facts = gr.Markdown(elem_id="facts")
                 facts_json = gr.JSON(label="Facts (JSON)", visible=False)
         with gr.Accordion("Warm-up", open=False):
-            warm_shapes = gr.CheckboxGroup(all_presets, value=[str(default.default_shape)], label="Shapes to compile")
+            warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_shape)],
+                                           label="Shapes to compile")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
         gr.Markdown("## Replicas")
@@ -342,7 +352,7 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
 
         gr.api(pipelines, api_name="status", queue=False)
         dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
-        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes, tp_size],
+        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes, tp_size, warm_shapes],
                      queue=False, api_visibility="private")
         hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
                         api_visibility="private")

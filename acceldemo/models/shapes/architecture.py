@@ -10,7 +10,7 @@ from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2D
 from tokenizers import AddedToken, pre_tokenizers
 from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from ..tiny import flux2_scheduler
+from ..tiny import QWEN3_CHAT_TEMPLATE, flux2_scheduler
 from .dataset import COLOURS, POSITIONS, SHAPES
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -20,18 +20,6 @@ WORDS = sorted(
     | set(SHAPES)
     | {word for position in POSITIONS for word in position.split()}
     | {"on", "background", "a", "an", "the", "in", "of", "image", "photo", "picture"}
-)
-# Qwen3's template, cut to what text-to-image needs; enable_thinking=False adds the empty think block.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
 )
 
 TEXT_HIDDEN_SIZE = 32
@@ -58,7 +46,7 @@ def build_tokenizer() -> Qwen2Tokenizer:
     tokenizer.add_special_tokens(
         {"additional_special_tokens": [AddedToken(token, special=True) for token in SPECIAL_TOKENS[1:]]}
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     tokenizer.model_max_length = MAX_SEQUENCE_LENGTH
     return tokenizer
 

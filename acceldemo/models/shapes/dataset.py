@@ -20,26 +20,18 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from .phrasing import COLOURS, SHAPES, TEMPLATE
+from .phrasing import POSITIONS as POSITION_NAMES
+
 IMAGE_SIZE = 64
 
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 170, 50),
-    "blue": (30, 60, 220),
-    "yellow": (240, 220, 40),
-    "white": (245, 245, 245),
-    "black": (15, 15, 15),
-}
-COLOURS: tuple[str, ...] = tuple(PALETTE)
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+PALETTE: dict[str, tuple[int, int, int]] = dict(zip(COLOURS, (
+    (220, 30, 30), (30, 170, 50), (30, 60, 220), (240, 220, 40), (245, 245, 245), (15, 15, 15),
+), strict=True))
 # Shape centres in pixels of the 64×64 image, as (x, y).
-POSITIONS: dict[str, tuple[float, float]] = {
-    "top left": (16.0, 16.0),
-    "top right": (48.0, 16.0),
-    "bottom left": (16.0, 48.0),
-    "bottom right": (48.0, 48.0),
-    "center": (32.0, 32.0),
-}
+POSITIONS: dict[str, tuple[float, float]] = dict(zip(POSITION_NAMES, (
+    (16.0, 16.0), (48.0, 16.0), (16.0, 48.0), (48.0, 48.0), (32.0, 32.0),
+), strict=True))
 HALF_SIZE = 11.0  # half the side of the shape's bounding box, in pixels
 SIZE_JITTER = 1.0  # ± pixels on the half size
 CENTRE_JITTER = 1.0  # ± pixels on each coordinate of the centre
@@ -59,7 +51,7 @@ class Scene:
 
     @property
     def caption(self) -> str:
-        return f"a {self.colour} {self.shape} on a {self.background} background, {self.position}"
+        return TEMPLATE.format(colour=self.colour, shape=self.shape, background=self.background, position=self.position)
 
     @property
     def is_held_out(self) -> bool:
