@@ -78,15 +78,14 @@ class ModelSpec:
     def prompt_note(self, prompt: str) -> str:
         """What to tell a person whose prompt goes beyond what the model learnt (words it does not know, a phrasing
         it was not trained on); "" when nothing does."""
-        notes = []  # a phrasing in known words only: an unknown word breaks the pattern anyway
         unknown = self.unknown_words(prompt)
         if unknown:
             named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more"
                                                        if len(unknown) > NOTE_WORDS else "")
-            notes.append(f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}")
-        elif self.prompt_pattern and not re.fullmatch(self.prompt_pattern, prompt.strip()):
-            notes.append(f"{self.name} was trained on {self.pattern_summary}; other phrasings are drawn unreliably")
-        return ". ".join(notes)
+            return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
+        if self.prompt_pattern and not re.fullmatch(self.prompt_pattern, prompt.strip()):  # known words, other order
+            return f"{self.name} was trained on {self.pattern_summary}; other phrasings are drawn unreliably"
+        return ""
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
