@@ -154,7 +154,16 @@ def test_each_adapter_pins_a_process_to_a_device_set_with_its_own_variable():
     assert HARDWARE["cuda"].pin_env(group) == {"CUDA_VISIBLE_DEVICES": "4,5"}
     assert HARDWARE["neuron"].pin_env(group) == {"NEURON_RT_VISIBLE_CORES": "4-5"}
     assert HARDWARE["tpu"].pin_env(group) == {"TPU_VISIBLE_DEVICES": "4,5"}
-    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+
+
+def test_a_cpu_pool_gets_a_thread_per_core_or_the_persons_omp_num_threads_if_fewer(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
 
 
 def test_a_neuron_rank_owns_its_core_of_the_pools_group(monkeypatch):
@@ -168,6 +177,7 @@ def test_a_cpu_rank_shares_its_devices_cores_without_oversubscribing_them(monkey
 
     threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     try:
         HARDWARE["cpu"].prepare_rank(0, DeviceSet("cpu", (0,)))
         assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == max(1, len(cores) // 2)

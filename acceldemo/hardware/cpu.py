@@ -69,7 +69,7 @@ class CpuHardware(Hardware):
         return sorted(core for i in devices.indices for core in groups[i])
 
     def pin_env(self, devices: DeviceSet) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(len(self.cores(devices)))}
+        return {"OMP_NUM_THREADS": str(_threads(len(self.cores(devices))))}
 
     def prepare_rank(self, local_rank: int, devices: DeviceSet) -> None:
         # Every rank of the pool on these cores, and torch's threads shared out so they never oversubscribe them.
@@ -77,11 +77,18 @@ class CpuHardware(Hardware):
 
         cores = self.cores(devices)
         os.sched_setaffinity(0, cores)
-        torch.set_num_threads(max(1, len(cores) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        torch.set_num_threads(_threads(max(1, len(cores) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
 
     def offload_kwargs(self) -> dict:
         # diffusers refuses offload without an accelerator unless the execution device is named.
         return {"device": "cpu"}
+
+
+def _threads(cores: int) -> int:
+    """Threads for a process on `cores` cores: one per core, or fewer where the person set OMP_NUM_THREADS (torch's
+    own ceiling, which a tiny model on a busy host wants at 1)."""
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cores, int(asked))) if asked.isdigit() and int(asked) > 0 else max(1, cores)
 
 
 def _usable_cores() -> list[int]:
