@@ -137,12 +137,11 @@ class SessionManager:
     def check(self, request: GenerateRequest, counted: bool = False) -> GenerateRequest:
         """The request with every default filled in, or the first thing wrong with it (a typed error). `counted`: a
         refusal counts as one request, for a front end that checks once before asking for several images of it."""
-        if not counted:
-            return check_request(request, self.settings)
         try:
             return check_request(request, self.settings)
         except AcceldemoError as error:
-            self.stats.count("generate", outcome_of(error))
+            if counted:
+                self.stats.count("generate", outcome_of(error))
             raise
 
     def generate(self, request: GenerateRequest, on_progress: ProgressCallback = no_progress,

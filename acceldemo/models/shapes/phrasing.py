@@ -36,8 +36,8 @@ VOCABULARY: tuple[str, ...] = tuple(sorted(
 
 _ONE_OF = {name: "(?:" + "|".join(map(re.escape, values)) + ")" for name, values in
            (("colour", COLOURS), ("shape", SHAPES), ("background", COLOURS), ("position", POSITIONS))}
-# The template as a pattern: exactly the training sentence, lower case, surrounding spaces aside.
-PATTERN = "^" + re.escape(TEMPLATE).replace(r"\{", "{").replace(r"\}", "}").format(**_ONE_OF) + "$"
+# The template as a pattern (for re.fullmatch): exactly the training sentence, lower case.
+PATTERN = re.escape(TEMPLATE).replace(r"\{", "{").replace(r"\}", "}").format(**_ONE_OF)
 
 # What a person reads after "it knows".
 KNOWN_WORDS_SUMMARY = "; ".join((", ".join(COLOURS), ", ".join(SHAPES), ", ".join(POSITIONS)))
