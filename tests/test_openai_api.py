@@ -146,13 +146,13 @@ def test_invalid_requests_are_400_naming_the_api_field_with_the_engine_message(c
 
 
 @pytest.mark.slow
-def test_tiny_shapes_lists_and_accepts_only_its_trained_size_and_names_unknown_words(client):
+def test_tiny_shapes_lists_and_accepts_only_its_sizes_and_names_unknown_words(client):
     assert client.models.retrieve("tiny-shapes").sizes == ["64x64"]
     for size in ("128x128", "1024x1024", "96x64"):
         with pytest.raises(openai.BadRequestError) as raised:
             client.images.generate(model="tiny-shapes", prompt="a red square", size=size)
         assert raised.value.param == "size", size
-        assert f"resolution='{size}' is not accepted: one of the sizes tiny-shapes was trained at: 64x64" \
+        assert f"resolution='{size}' is not accepted: one of the sizes tiny-shapes draws correctly: 64x64" \
             in raised.value.message
     answer = client.images.generate(model="tiny-shapes", prompt="a YELLOW square on a Purple background, sparkly",
                                     size="64x64", extra_body={"mode": "eager"})

@@ -64,20 +64,18 @@ def test_an_invalid_request_gets_the_engine_message(client):
     assert call_generate(client, mode="eager")[2]["width"] == 64  # still serving
 
 
-def test_tiny_shapes_says_what_it_does_not_know_and_refuses_sizes_it_was_not_trained_at(client):
+def test_tiny_shapes_says_what_it_does_not_know_and_refuses_sizes_it_does_not_draw_right_at(client):
     image_path, text, facts = call_generate(client, model="tiny-shapes", mode="eager", resolution="64x64",
                                             prompt="a yellow square on a purple background, center")
     assert np.asarray(Image.open(image_path)).shape[:2] == (64, 64)
     assert facts["unknown_words"] == ["purple"]
     assert facts["note"].startswith("tiny-shapes does not know: purple — it knows red, green, blue") \
         and facts["note"] in text
-    assert call_generate(client, model="tiny-shapes", mode="eager",
-                         prompt="a red square on a blue background, top left")[2]["note"] == ""
-    off_pattern = call_generate(client, model="tiny-shapes", mode="eager", prompt="a red square")[2]
-    assert off_pattern["unknown_words"] == [] and off_pattern["note"].startswith(
-        "tiny-shapes was trained on one sentence, in lower case: 'a COLOUR SHAPE on a COLOUR background, POSITION'")
-    with pytest.raises(Exception, match="resolution='128x128' is not accepted: one of the sizes tiny-shapes was "
-                                        "trained at: 64x64"):
+    for prompt in ("a red square on a blue background, top left", "Red square, upper-left!", "a square"):
+        facts = call_generate(client, model="tiny-shapes", mode="eager", prompt=prompt)[2]
+        assert facts["unknown_words"] == [] and facts["note"] == "", prompt
+    with pytest.raises(Exception, match="resolution='128x128' is not accepted: one of the sizes tiny-shapes draws "
+                                        "correctly: 64x64"):
         call_generate(client, model="tiny-shapes", mode="eager", resolution="128x128")
 
 

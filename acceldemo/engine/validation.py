@@ -132,13 +132,13 @@ def parse_resolution(text: object) -> Shape:
 
 
 def check_shape(spec: ModelSpec, width: object, height: object) -> Shape:
-    """A size valid for the model: one of its presets where it was trained at those only, else within its range
+    """A size valid for the model: one of its presets where it draws correctly at those only, else within its range
     and a multiple of its granularity."""
     if spec.only_presets:
         presets = ", ".join(str(s) for s in spec.presets)
         shape = Shape(_whole("width", width, 1, 1 << 15), _whole("height", height, 1, 1 << 15))
         if shape not in spec.presets:
-            raise InvalidRequest("resolution", str(shape), f"one of the sizes {spec.name} was trained at: {presets}")
+            raise InvalidRequest("resolution", str(shape), f"one of the sizes {spec.name} draws correctly: {presets}")
         return shape
     g, low, high = spec.granularity, spec.min_side, spec.max_side
     sides = {}

@@ -1,12 +1,12 @@
 """The models the demo offers: pipeline class, recipe defaults, valid shapes, sizes and what can be sharded."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from ..config import settings
 from ..errors import UnknownName
 from ..records import Shape
+from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
 from .shapes import SIZES as SHAPES_SIZES
 from .shapes import phrasing as shapes_phrasing
 
@@ -30,7 +30,7 @@ class ModelSpec:
     guidance: float = 0.0
     default_shape: Shape = Shape(1024, 1024)
     presets: tuple[Shape, ...] = (Shape(1024, 1024),)
-    # True for a model trained at a few sizes: it is served at its presets only, any other size refused.
+    # True for a model that draws right at a few sizes only: it is served at its presets, any other size refused.
     only_presets: bool = False
     granularity: int = 16
     min_side: int = 256
@@ -52,12 +52,9 @@ class ModelSpec:
     # Prompts that show what the model can do, offered beside the prompt box.
     example_prompts: tuple[str, ...] = ()
     # The words the model was trained on (empty: any prompt goes, nothing is checked) and a sentence that names them
-    # for a person (what a "does not know" note ends with); the pattern (a regular expression) its captions follow,
-    # if it learnt only one, and how to say it.
+    # for a person (what a "does not know" note ends with).
     vocabulary: tuple[str, ...] = ()
     vocabulary_summary: str = ""
-    prompt_pattern: str = ""
-    pattern_summary: str = ""
 
     @property
     def weight_bytes(self) -> int:
@@ -76,16 +73,13 @@ class ModelSpec:
         return tuple(dict.fromkeys(word for word in shapes_phrasing.words(prompt) if word not in known))
 
     def prompt_note(self, prompt: str) -> str:
-        """What to tell a person whose prompt goes beyond what the model learnt (words it does not know, a phrasing
-        it was not trained on); "" when nothing does."""
+        """What to tell a person whose prompt has words the model does not know; "" when it knows them all."""
         unknown = self.unknown_words(prompt)
-        if unknown:
-            named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more"
-                                                       if len(unknown) > NOTE_WORDS else "")
-            return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
-        if self.prompt_pattern and not re.fullmatch(self.prompt_pattern, prompt.strip()):  # known words, other order
-            return f"{self.name} was trained on {self.pattern_summary}; other phrasings are drawn unreliably"
-        return ""
+        if not unknown:
+            return ""
+        named = ", ".join(unknown[:NOTE_WORDS]) + (f" and {len(unknown) - NOTE_WORDS} more" if len(unknown) > NOTE_WORDS
+                                                   else "")
+        return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
@@ -105,13 +99,13 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
         pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0,
-        tp_components=("transformer", "text_encoder"), attention_heads=4,
+        max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), attention_heads=4,
         description="A FLUX.2-klein-family model trained here to draw one coloured shape on a background at "
-                    f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from one sentence pattern: "
-                    "'a red circle on a blue background, top left'. See acceldemo/models/shapes/MODEL_CARD.md.",
+                    f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from captions such as "
+                    "'a red circle on a blue background, top left', 'green disc, upper right' or 'a square'. "
+                    "See acceldemo/models/shapes/MODEL_CARD.md.",
         example_prompts=shapes_phrasing.EXAMPLE_PROMPTS, vocabulary=shapes_phrasing.VOCABULARY,
-        vocabulary_summary=shapes_phrasing.KNOWN_WORDS_SUMMARY, prompt_pattern=shapes_phrasing.PATTERN,
-        pattern_summary=shapes_phrasing.PATTERN_SUMMARY,
+        vocabulary_summary=shapes_phrasing.KNOWN_WORDS_SUMMARY,
         **{**_TINY, "default_shape": Shape(*SHAPES_SIZES[0]), "presets": tuple(Shape(*size) for size in SHAPES_SIZES),
            "only_presets": True}),
     ModelSpec(

@@ -5,12 +5,18 @@ from pathlib import Path
 
 _WEIGHTS = Path(__file__).resolve().parent / "weights"
 
-# (width, height) it was trained and evaluated at, the default first: the only sizes it is served at. At any other
-# size it draws fragments (MODEL_CARD.md, Limitations).
+# (width, height) it was trained and evaluated at; positions and the shape's size are relative to
+# the frame, and each size is its own static shape for compiled modes.
+TRAINED_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (128, 64), (64, 128))
+# The sizes it is served at, the default first: those where it draws shapes right (MODEL_CARD.md, Evaluation;
+# at the others squares come out as blobs).
 SIZES: tuple[tuple[int, int], ...] = ((64, 64),)
 
 # FLUX.2-klein is step-distilled: the pipeline ignores guidance_scale (is_distilled=True).
 RECOMMENDED_STEPS = 4
+# Training cut text to the prompt plus up to 31 pads (every 16th batch 512): at the pipeline's default of 512 the
+# conditioning is hundreds of identical pad tokens and shapes suffer (MODEL_CARD.md, Recommended settings).
+RECOMMENDED_MAX_SEQUENCE_LENGTH = 64
 
 
 def trained_model_dir() -> Path:

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import torch
 from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
-from tokenizers import AddedToken, pre_tokenizers
+from tokenizers import AddedToken, models, pre_tokenizers
 from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from ..tiny import QWEN3_CHAT_TEMPLATE, flux2_scheduler
-from .dataset import COLOURS, POSITIONS, SHAPES
+from .phrasing import CANONICAL_WORD, VOCABULARY
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
-# Words that become single tokens when they follow a space; any other text falls back to bytes.
-WORDS = sorted(
-    set(COLOURS)
-    | set(SHAPES)
-    | {word for position in POSITIONS for word in position.split()}
-    | {"on", "background", "a", "an", "the", "in", "of", "image", "photo", "picture"}
-)
+# Qwen's pre-tokenizer keeps at most one non-letter character in front of a word (" red", "-left",
+# ",blue"); each known word gets a token for each of these fronts and each letter case people
+# type, and the text encoder gives all of a word's spellings, and its synonyms, one embedding.
+WORD_FRONTS = ("", " ", "-", ",", ".", ":", "(", "/")
 
 TEXT_HIDDEN_SIZE = 32
 TEXT_OUT_LAYERS = (9, 18, 27)  # the pipeline's default text_encoder_out_layers
@@ -28,20 +25,43 @@ MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 LATENT_CHANNELS = 8
 
 
+def _byte_level(text: str) -> str:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
+
+
+def word_spellings(word: str) -> list[str]:
+    """How `word` reaches the BPE model: each front and letter case, in byte-level symbols."""
+    cases = dict.fromkeys((word, word.capitalize(), word.upper()))
+    return [_byte_level(front + case) for front in WORD_FRONTS for case in cases]
+
+
+def _merges_making_single_tokens(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges under which every piece is one token, added to `vocab`.
+
+    Each round adds, for every piece still split, the merge of its first two tokens; a new merge
+    ranks after all earlier ones, so it cannot split a piece that is already whole.
+    """
+    merges: list[tuple[str, str]] = []
+    while True:
+        bpe = models.BPE(vocab=dict(vocab), merges=list(merges))
+        new = dict.fromkeys(
+            (tokens[0], tokens[1])
+            for tokens in ([token.value for token in bpe.tokenize(piece)] for piece in pieces)
+            if len(tokens) > 1
+        )
+        if not new:
+            return merges
+        for left, right in new:
+            vocab.setdefault(left + right, len(vocab))
+            merges.append((left, right))
+
+
 def build_tokenizer() -> Qwen2Tokenizer:
-    """A byte-level BPE tokenizer whose only merges spell the caption words (after a space)."""
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    """A byte-level BPE tokenizer whose merges make every spelling of a known word one token."""
     byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS[:1] + tuple(byte_symbols))}
-    merges: list[tuple[str, str]] = []
-    space = byte_level.pre_tokenize_str(" ")[0][0]
-    for word in WORDS:
-        piece = space
-        for letter in word:
-            if piece + letter not in vocab:
-                vocab[piece + letter] = len(vocab)
-                merges.append((piece, letter))
-            piece += letter
+    pieces = sorted({piece for word in VOCABULARY for piece in word_spellings(word)})
+    merges = _merges_making_single_tokens(pieces, vocab)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
     tokenizer.add_special_tokens(
         {"additional_special_tokens": [AddedToken(token, special=True) for token in SPECIAL_TOKENS[1:]]}
@@ -51,14 +71,19 @@ def build_tokenizer() -> Qwen2Tokenizer:
     return tokenizer
 
 
-def build_text_encoder(vocab_size: int) -> Qwen3ForCausalLM:
-    """A random, frozen Qwen3: 28 layers so the default out layers (9, 18, 27) exist.
+def build_text_encoder(tokenizer: Qwen2Tokenizer) -> Qwen3ForCausalLM:
+    """A random Qwen3 (`train.train_text_encoder` then teaches it to read captions, embeddings frozen): 28 layers
+    so the default out layers (9, 18, 27) exist.
 
     Token embeddings are drawn at unit scale (instead of 0.02) so that each token's identity
     dominates its hidden states over what 27 random layers add: prompts stay distinguishable.
+    Every spelling of a known word, and of its synonyms, shares the embedding of the canonical
+    word after a space: letter case, a leading hyphen or comma, "disc" for "circle" change
+    nothing, as they would change little for a pretrained encoder (single letters such as "a"
+    stay bytes). The transformer then learns word order and what the words mean, not spellings.
     """
     config = Qwen3Config(
-        vocab_size=vocab_size,
+        vocab_size=len(tokenizer),
         hidden_size=TEXT_HIDDEN_SIZE,
         intermediate_size=2 * TEXT_HIDDEN_SIZE,
         num_hidden_layers=28,
@@ -69,8 +94,14 @@ def build_text_encoder(vocab_size: int) -> Qwen3ForCausalLM:
         tie_word_embeddings=True,
     )
     model = Qwen3ForCausalLM(config).eval()
+    embeddings = model.get_input_embeddings().weight
     with torch.no_grad():
-        model.get_input_embeddings().weight.normal_(0.0, 1.0)
+        embeddings.normal_(0.0, 1.0)
+        for word in VOCABULARY:
+            canonical = tokenizer.convert_tokens_to_ids(_byte_level(" " + CANONICAL_WORD.get(word, word)))
+            for spelling in word_spellings(word):
+                if len(spelling) > 1:
+                    embeddings[tokenizer.convert_tokens_to_ids(spelling)] = embeddings[canonical]
     return model
 
 
@@ -113,7 +144,7 @@ def build_pipeline(seed: int) -> Flux2KleinPipeline:
     return Flux2KleinPipeline(
         scheduler=flux2_scheduler(),
         vae=build_vae(),
-        text_encoder=build_text_encoder(vocab_size=len(tokenizer)),
+        text_encoder=build_text_encoder(tokenizer),
         tokenizer=tokenizer,
         transformer=build_transformer(),
         is_distilled=True,

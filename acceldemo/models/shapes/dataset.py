@@ -1,48 +1,56 @@
-"""The synthetic shapes dataset: one flat shape on a flat background, drawn by code, with its caption.
+"""The synthetic shapes dataset: one flat shape on a flat background, drawn by code at any size, and its captions.
 
 A scene is shape × shape colour × background colour × position (the two colours differ):
-3 × 6 × 5 × 5 = 450 captions such as "a red circle on a blue background, top left".
-Each drawing jitters the size and the centre a little, from a seeded generator, so the
-same (scene, seed) always gives the same 64×64 RGB image.
+3 × 6 × 5 × 5 = 450 scenes. Positions and the shape's size are fractions of the frame (the
+shape's size of its shorter side), so a scene looks the same at 64×64, 128×128, 128×64 and
+64×128. Each drawing jitters the size and the centre a little from a seeded generator, so the
+same (scene, size, seed) always gives the same RGB image.
 
-Held-out split: a scene is held out for evaluation when
-``(shape + colour + background + position) % 9 == 0`` on the indices of the tuples
-below, which holds back 60 of the 450 captions. Every single attribute value and every
-pair of attribute values of a held-out scene still appears in some training scene, so
-the held-out captions test composition, not unseen words.
+Captions come in phrasing families (`phrasing.py`); a caption may leave parts of its scene
+out. Held-out split, checked by the tests:
+- a scene is held out when ``(shape + colour + background + position) % 9 == 0`` on the
+  indices of the word tuples: 60 of 450. Training never draws them, so the captions that
+  name all four parts of a held-out scene are never trained on, while every attribute value
+  and every pair of values still appears in training (the held-out scenes test composition);
+- a caption that leaves a part out is held out when its canonical text (template filled with
+  canonical words) is among the 1/8 of its family's canonical texts with the lowest CRC-32:
+  training never uses it in any spelling, letter case or punctuation.
 """
 from __future__ import annotations
 
 import itertools
+import random
+import zlib
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .phrasing import COLOURS, SHAPES, TEMPLATE
-from .phrasing import POSITIONS as POSITION_NAMES
-
-IMAGE_SIZE = 64
+from .phrasing import COLOURS, FAMILIES, FAMILY_WEIGHTS, POSITIONS, SHAPES, Caption, asked_parts, caption, fill
 
 PALETTE: dict[str, tuple[int, int, int]] = dict(zip(COLOURS, (
     (220, 30, 30), (30, 170, 50), (30, 60, 220), (240, 220, 40), (245, 245, 245), (15, 15, 15),
 ), strict=True))
-# Shape centres in pixels of the 64×64 image, as (x, y).
-POSITIONS: dict[str, tuple[float, float]] = dict(zip(POSITION_NAMES, (
-    (16.0, 16.0), (48.0, 16.0), (16.0, 48.0), (48.0, 48.0), (32.0, 32.0),
+# Shape centres as fractions of the frame's (width, height).
+POSITION_CENTRES: dict[str, tuple[float, float]] = dict(zip(POSITIONS, (
+    (0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75), (0.5, 0.5),
 ), strict=True))
-HALF_SIZE = 11.0  # half the side of the shape's bounding box, in pixels
-SIZE_JITTER = 1.0  # ± pixels on the half size
-CENTRE_JITTER = 1.0  # ± pixels on each coordinate of the centre
+# Fractions of the frame's shorter side: half the side of the shape's bounding box, and the
+# ± jitter on that half side and on each coordinate of the centre (11 px and 1 px at 64 px).
+HALF_SIZE = 11 / 64
+SIZE_JITTER = 1 / 64
+CENTRE_JITTER = 1 / 64
 HELD_OUT_MODULUS = 9
+HELD_OUT_TEXT_SHARE = 8  # one in this many canonical texts of a family is held out
 
 _SUPERSAMPLE = 4  # draw at 4× and box-filter down, so edges are anti-aliased
 
 
 @dataclass(frozen=True)
 class Scene:
-    """What one image shows; the caption is derived from it."""
+    """What one image shows, every part named."""
 
     shape: str
     colour: str
@@ -50,8 +58,8 @@ class Scene:
     position: str
 
     @property
-    def caption(self) -> str:
-        return TEMPLATE.format(colour=self.colour, shape=self.shape, background=self.background, position=self.position)
+    def parts(self) -> dict[str, str]:
+        return {"shape": self.shape, "colour": self.colour, "background": self.background, "position": self.position}
 
     @property
     def is_held_out(self) -> bool:
@@ -59,7 +67,7 @@ class Scene:
             SHAPES.index(self.shape)
             + COLOURS.index(self.colour)
             + COLOURS.index(self.background)
-            + list(POSITIONS).index(self.position)
+            + POSITIONS.index(self.position)
         )
         return index_sum % HELD_OUT_MODULUS == 0
 
@@ -81,18 +89,95 @@ def held_out_scenes() -> list[Scene]:
     return [scene for scene in all_scenes() if scene.is_held_out]
 
 
-def render(scene: Scene, seed: int | None = None) -> Image.Image:
-    """Draw a scene; seed=None draws it without jitter (exact size and centre)."""
-    centre_x, centre_y = POSITIONS[scene.position]
-    half = HALF_SIZE
+# What the model draws for a part a caption leaves out: the first choice here that makes a
+# training scene. One fixed picture per caption, not a random one: a few-step sampler trained
+# on random completions draws their average, a blur of every position and background at once.
+DEFAULTS: dict[str, tuple[str, ...]] = {
+    "position": ("center", *(position for position in POSITIONS if position != "center")),
+    "background": ("black", "white", *(colour for colour in COLOURS if colour not in ("black", "white"))),
+    "colour": ("white", "black", *(colour for colour in COLOURS if colour not in ("black", "white"))),
+}
+
+
+@cache
+def _scene_drawn_for(parts: tuple[tuple[str, str], ...]) -> Scene:
+    asked = dict(parts)
+    fitting = [scene for scene in training_scenes() if all(scene.parts[part] == asked[part] for part in asked)]
+    return min(fitting, key=lambda scene: [DEFAULTS[part].index(scene.parts[part]) for part in DEFAULTS])
+
+
+def scene_drawn_for(caption_: Caption) -> Scene:
+    """The training scene a caption is paired with: what it asks for, completed by `DEFAULTS`."""
+    return _scene_drawn_for(tuple(sorted(caption_.parts.items())))
+
+
+def _asks_everything(template: str) -> bool:
+    return asked_parts(template) == set(Scene.__dataclass_fields__)
+
+
+@cache
+def _partial_texts(family: str) -> dict[str, tuple[str, dict[str, str]]]:
+    """Canonical text → (template, asked parts) of every caption of `family` that leaves a part out."""
+    texts: dict[str, tuple[str, dict[str, str]]] = {}
+    for template in FAMILIES[family]:
+        if _asks_everything(template):
+            continue
+        for scene in all_scenes():
+            parts = {part: scene.parts[part] for part in asked_parts(template)}
+            texts.setdefault(fill(template, parts), (template, parts))
+    return texts
+
+
+@cache
+def held_out_texts(family: str) -> frozenset[str]:
+    """The canonical texts of `family`'s partial captions that training never uses."""
+    texts = sorted(_partial_texts(family), key=lambda text: (zlib.crc32(text.encode()), text))
+    return frozenset(texts[: -(-len(texts) // HELD_OUT_TEXT_SHARE)] if texts else ())
+
+
+def is_held_out(caption_: Caption) -> bool:
+    """Whether evaluation keeps this caption from training (in any spelling)."""
+    if _asks_everything(caption_.template):
+        return Scene(**caption_.parts).is_held_out
+    return caption_.canonical_text in held_out_texts(caption_.family)
+
+
+def training_caption(scene: Scene, rng: random.Random) -> Caption:
+    """A caption for a training scene in a random family and phrasing, never a held-out one."""
+    families, weights = zip(*FAMILY_WEIGHTS.items())
+    while True:
+        drawn = caption(rng.choices(families, weights)[0], scene.parts, rng)
+        if not is_held_out(drawn):
+            return drawn
+
+
+def held_out_captions(family: str, count: int, seed: int = 0) -> list[Caption]:
+    """`count` held-out captions of `family`, spread over its held-out scenes or canonical texts."""
+    rng = random.Random(f"{family}/{seed}")
+    if all(_asks_everything(template) for template in FAMILIES[family]):
+        scenes = held_out_scenes()
+        return [caption(family, scenes[i % len(scenes)].parts, rng) for i in range(count)]
+    keys = sorted(held_out_texts(family))
+    captions = []
+    for i in range(count):
+        template, parts = _partial_texts(family)[keys[i % len(keys)]]
+        captions.append(caption(family, parts, rng, template))
+    return captions
+
+
+def render(scene: Scene, width: int = 64, height: int = 64, seed: int | None = None) -> Image.Image:
+    """Draw a scene at width×height; seed=None draws it without jitter (exact size and centre)."""
+    side = min(width, height)
+    centre_x, centre_y = POSITION_CENTRES[scene.position]
+    centre_x, centre_y, half = centre_x * width, centre_y * height, HALF_SIZE * side
     if seed is not None:
         rng = np.random.default_rng(seed)
-        dx, dy = rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=2)
+        dx, dy = rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=2) * side
         centre_x, centre_y = centre_x + dx, centre_y + dy
-        half += rng.uniform(-SIZE_JITTER, SIZE_JITTER)
+        half += rng.uniform(-SIZE_JITTER, SIZE_JITTER) * side
 
     s = _SUPERSAMPLE
-    canvas = Image.new("RGB", (IMAGE_SIZE * s, IMAGE_SIZE * s), PALETTE[scene.background])
+    canvas = Image.new("RGB", (width * s, height * s), PALETTE[scene.background])
     draw = ImageDraw.Draw(canvas)
     left, top, right, bottom = (
         (centre_x - half) * s,
@@ -100,16 +185,16 @@ def render(scene: Scene, seed: int | None = None) -> Image.Image:
         (centre_x + half) * s,
         (centre_y + half) * s,
     )
-    fill = PALETTE[scene.colour]
+    fill_colour = PALETTE[scene.colour]
     if scene.shape == "circle":
-        draw.ellipse((left, top, right, bottom), fill=fill)
+        draw.ellipse((left, top, right, bottom), fill=fill_colour)
     elif scene.shape == "square":
-        draw.rectangle((left, top, right, bottom), fill=fill)
+        draw.rectangle((left, top, right, bottom), fill=fill_colour)
     elif scene.shape == "triangle":
-        draw.polygon([(centre_x * s, top), (right, bottom), (left, bottom)], fill=fill)
+        draw.polygon([(centre_x * s, top), (right, bottom), (left, bottom)], fill=fill_colour)
     else:
         raise ValueError(f"unknown shape {scene.shape!r}; known shapes: {', '.join(SHAPES)}")
-    return canvas.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
+    return canvas.resize((width, height), Image.Resampling.BOX)
 
 
 def images_as_tensor(images: list[Image.Image]) -> torch.Tensor:

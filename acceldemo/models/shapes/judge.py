@@ -1,19 +1,23 @@
-"""A pixel-statistics judge that reads a shapes image back into a scene, to score generated images.
+"""A pixel-statistics judge that reads a shapes image of any size back into a scene, to score generated images.
 
-How it reads a 64×64 RGB image:
+How it reads an RGB image:
 1. background = the palette colour nearest to the median of the outermost ring of pixels;
 2. shape colour = the palette colour (other than the background) nearest to the mean of the
    pixels that lie more than ``FAR_FROM_BACKGROUND`` (RGB distance) from the background colour;
 3. shape mask = pixels closer to the shape colour than to the background colour, keeping the
    largest 4-connected blob (stray specks elsewhere do not move it);
-4. position = the named position whose centre is nearest the mask's centroid;
+4. position = the named position whose centre is nearest the mask's centroid, both as fractions
+   of the frame's width and height (so 64×64, 128×128, 128×64 and 64×128 read alike);
 5. shape = from two measures of the mask in its bounding box. The centroid's drop below the
    box centre, as a fraction of the box height, is 1/6 for an upright triangle and 0 for a
    circle or a square: above 1/12 reads as a triangle. Otherwise the fill ratio of the box
    tells the square (≈ 1) from the circle (π/4 ≈ 0.785), cut halfway. The drop survives
    blurred corners, which push a triangle's fill ratio from 0.5 towards a circle's.
-An image with no pixel far from the background reads as no shape (every field but the
-background is None).
+A colour (the ring's median; the median of the mask) farther than ``COLOUR_TOLERANCE`` from the
+palette colour it was read as is no palette colour: that field is None, so a muddy background or
+a smudge fails even where the caption leaves the colour free. An image with no pixel far from the
+background reads as no shape (every field but the background is None). A caption that leaves a
+part out accepts any value the judge reads there.
 """
 from __future__ import annotations
 
@@ -23,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .dataset import PALETTE, POSITIONS, Scene
+from .dataset import PALETTE, POSITION_CENTRES, Scene
+from .phrasing import Caption
 
 FAR_FROM_BACKGROUND = 80.0  # about half the smallest distance between two palette colours
+COLOUR_TOLERANCE = 80.0
 TRIANGLE_DROP_CUT = 1 / 12
 CIRCLE_SQUARE_CUT = (np.pi / 4 + 1.0) / 2
 
@@ -37,21 +43,27 @@ _PALETTE_RGB = np.array([PALETTE[name] for name in _PALETTE_NAMES], dtype=np.flo
 class Judgement:
     """What the judge read from one image; None where it could not tell."""
 
-    background: str
+    background: str | None
     colour: str | None
     position: str | None
     shape: str | None
     fill_ratio: float | None
     centroid_drop: float | None
 
-    def matches(self, scene: Scene) -> dict[str, bool]:
-        """Which parts of a scene the image got right; 'colours' needs both colours."""
+    def matches(self, asked: Scene | Caption) -> dict[str, bool]:
+        """Which parts the image got right; 'colours' needs both colours. A part that `asked` leaves
+        out (None) is right whenever the image shows one: a shape must be there in any case.
+        """
+        def right(judged: str | None, wanted: str | None) -> bool:
+            return judged is not None and (wanted is None or judged == wanted)
+
+        colour, background = right(self.colour, asked.colour), right(self.background, asked.background)
         return {
-            "colour": self.colour == scene.colour,
-            "background": self.background == scene.background,
-            "colours": self.colour == scene.colour and self.background == scene.background,
-            "position": self.position == scene.position,
-            "shape": self.shape == scene.shape,
+            "colour": colour,
+            "background": background,
+            "colours": colour and background,
+            "position": right(self.position, asked.position),
+            "shape": right(self.shape, asked.shape),
         }
 
 
@@ -92,16 +104,22 @@ def _shape_from_geometry(fill_ratio: float, centroid_drop: float) -> str:
     return "square"
 
 
+def _within_tolerance(rgb: np.ndarray, name: str) -> str | None:
+    return name if np.linalg.norm(rgb - np.array(PALETTE[name], dtype=np.float32)) <= COLOUR_TOLERANCE else None
+
+
 def judge(image: Image.Image) -> Judgement:
     pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
     ring = np.concatenate([pixels[0], pixels[-1], pixels[1:-1, 0], pixels[1:-1, -1]])
-    background = _nearest_palette_colour(np.median(ring, axis=0))
+    ring_median = np.median(ring, axis=0)
+    background = _nearest_palette_colour(ring_median)
     background_rgb = np.array(PALETTE[background], dtype=np.float32)
+    read_background = _within_tolerance(ring_median, background)
 
     far = np.linalg.norm(pixels - background_rgb, axis=2) > FAR_FROM_BACKGROUND
     if not far.any():
         return Judgement(
-            background=background, colour=None, position=None, shape=None, fill_ratio=None, centroid_drop=None
+            background=read_background, colour=None, position=None, shape=None, fill_ratio=None, centroid_drop=None
         )
     colour = _nearest_palette_colour(pixels[far].mean(axis=0), exclude=background)
     colour_rgb = np.array(PALETTE[colour], dtype=np.float32)
@@ -109,15 +127,16 @@ def judge(image: Image.Image) -> Judgement:
     closer_to_shape = np.linalg.norm(pixels - colour_rgb, axis=2) < np.linalg.norm(pixels - background_rgb, axis=2)
     mask = _largest_blob(closer_to_shape)
     ys, xs = np.nonzero(mask)
-    centroid = np.array([xs.mean(), ys.mean()])
-    position = min(POSITIONS, key=lambda name: np.linalg.norm(centroid - np.array(POSITIONS[name])))
+    height, width = mask.shape
+    centroid = np.array([(xs.mean() + 0.5) / width, (ys.mean() + 0.5) / height])
+    position = min(POSITION_CENTRES, key=lambda name: np.linalg.norm(centroid - np.array(POSITION_CENTRES[name])))
     box_height = ys.max() - ys.min() + 1
     box_area = (xs.max() - xs.min() + 1) * box_height
     fill_ratio = float(mask.sum() / box_area)
     centroid_drop = float((ys.mean() - (ys.min() + ys.max()) / 2) / box_height)
     return Judgement(
-        background=background,
-        colour=colour,
+        background=read_background,
+        colour=_within_tolerance(np.median(pixels[mask], axis=0), colour),
         position=position,
         shape=_shape_from_geometry(fill_ratio, centroid_drop),
         fill_ratio=fill_ratio,

@@ -1,22 +1,31 @@
 """Train the tiny FLUX.2-klein shapes model on one CPU thread: `python -m acceldemo.models.shapes.train --out DIR`.
 
-Three phases, all seeded:
-1. the VAE learns to reconstruct scenes (L1, shape pixels weighted up); its batch-norm
-   statistics are then set from the latents of the training images, which the pipeline
-   uses to normalise and un-normalise latents;
-2. the frozen random text encoder embeds every training caption once, padded to 512
-   tokens (the pipeline's default max_sequence_length);
+Four phases, all seeded:
+0. the text encoder learns to read captions: at every token from the end of the caption on
+   (the chat template's closing tokens and any padding) its prompt embedding must be the
+   caption's code, a sum of one fixed random vector per part it names (shape, colour,
+   background, position; another for a part left out), and zero before, whatever the phrasing,
+   letter case or punctuation (`train_text_encoder`);
+1. the VAE learns to reconstruct scenes (L1, shape pixels weighted up);
+2. jittered drawings of every training scene are encoded at every supported size, and the
+   VAE's batch-norm statistics are set from these latents (the pipeline normalises and
+   un-normalises latents with exactly these);
 3. the transformer learns rectified flow in the pipeline's own latent space: packed,
    patchified, batch-norm-normalised latents x0, noise e, x_t = (1 - s) x0 + s e, target
-   e - x0, timestep s (the pipeline passes scheduler timestep / 1000 = s). Text is cut to a
-   random length per batch (an exact cut: the encoder is causal and pads on the right),
-   so the model serves any max_sequence_length from the prompt's length up to 512.
+   e - x0, timestep s (the pipeline passes scheduler timestep / 1000 = s). Each batch is one
+   size, the sizes in turn; each image gets a fresh caption in a random phrasing family
+   (never a held-out one), encoded by the now frozen text encoder on the spot, paired with a
+   drawing of the scene it asks for, completed by the defaults where it leaves parts out
+   (`dataset.scene_drawn_for`). Text is cut to a random length
+   per batch (an exact cut: the encoder is causal and pads on the right), so the model
+   serves any max_sequence_length from the prompt's length up to 512.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,8 +35,10 @@ import torch
 from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
 from tqdm.auto import tqdm
 
-from .architecture import MAX_SEQUENCE_LENGTH, TEXT_OUT_LAYERS, build_pipeline
-from .dataset import images_as_tensor, render, training_scenes
+from . import TRAINED_SIZES as SIZES
+from .architecture import MAX_SEQUENCE_LENGTH, TEXT_HIDDEN_SIZE, TEXT_OUT_LAYERS, build_pipeline
+from .dataset import images_as_tensor, render, scene_drawn_for, training_caption, training_scenes
+from .phrasing import COLOURS, POSITIONS, SHAPES, Caption
 
 
 @dataclass(frozen=True)
@@ -39,13 +50,17 @@ class TrainingPlan:
     vae_batch_size: int = 8
     vae_learning_rate: float = 3e-3
     vae_shape_weight: float = 4.0  # loss weight of shape pixels relative to background pixels
-    latent_pool_per_scene: int = 24
-    transformer_steps: int = 6000
-    transformer_batch_size: int = 16
-    short_text_slack: int = 32  # other batches cut text to the prompt's length plus up to this many pads
+    latent_pool_per_scene: int = 16  # jittered drawings of each training scene, at each size
+    text_steps: int = 1500
+    text_batch_size: int = 32
+    text_learning_rate: float = 3e-3
+    transformer_steps: int = 12000
+    tokens_per_batch: int = 1024  # batch size × image tokens: 16 images at 64×64, 4 at 128×128
+    short_text_slack: int = 32  # other batches cut text to the longest prompt plus up to this many pads
     long_text_batch_size: int = 4
-    long_text_every: int = 8  # every Nth batch uses the full 512 tokens
+    long_text_every: int = 16  # every Nth batch uses the full 512 tokens
     transformer_learning_rate: float = 1e-3
+    transformer_shape_weight: float = 4.0  # loss weight of a token covered by the shape, relative to background
     warmup_steps: int = 100
     ema_decay: float = 0.999
 
@@ -62,21 +77,29 @@ def _set_learning_rate(optimizer: torch.optim.Optimizer, value: float) -> None:
         group["lr"] = value
 
 
+def _shape_is_where(images: torch.Tensor) -> torch.Tensor:
+    """(N, 1, H, W): pixels unlike the background, read from the top and bottom rows."""
+    background = torch.cat([images[:, :, 0], images[:, :, -1]], dim=2).median(dim=2).values[:, :, None, None]
+    return (images - background).abs().sum(dim=1, keepdim=True) > 0.2
+
+
 def _shape_weighted_l1(reconstruction: torch.Tensor, images: torch.Tensor, shape_weight: float) -> torch.Tensor:
     """L1 where pixels unlike the background (read from the top and bottom rows) weigh more.
 
     The shape covers about a tenth of the image; unweighted, its colour is learnt last.
     """
-    background = torch.cat([images[:, :, 0], images[:, :, -1]], dim=2).median(dim=2).values[:, :, None, None]
-    is_shape = (images - background).abs().sum(dim=1, keepdim=True) > 0.2
-    weight = 1 + (shape_weight - 1) * is_shape.float()
+    weight = 1 + (shape_weight - 1) * _shape_is_where(images).float()
     return ((reconstruction - images).abs() * weight).mean() / weight.mean()
 
 
 def train_vae(vae: AutoencoderKLFlux2, plan: TrainingPlan, rng: np.random.Generator) -> float:
-    """Train as a plain autoencoder on the posterior mean; returns the mean weighted L1 of the last 100 steps.
+    """Train as a plain autoencoder on the posterior mean at the smallest size; returns the mean weighted
+    L1 of the last 100 steps.
 
     The pipeline only ever uses the posterior mean (`mode()`), so the variance is left untrained.
+    Being convolutional, the VAE trained at 64×64 reconstructs the larger sizes as well (the
+    evaluation checks every size); batches mixing in 128-pixel images learnt slower and drew
+    worse squares at 64×64.
     """
     scenes = training_scenes()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=plan.vae_learning_rate, weight_decay=0.0)
@@ -86,7 +109,7 @@ def train_vae(vae: AutoencoderKLFlux2, plan: TrainingPlan, rng: np.random.Genera
     for step in progress:
         _set_learning_rate(optimizer, _cosine_learning_rate(step, plan.vae_steps, plan.vae_learning_rate, 50))
         picks = rng.integers(len(scenes), size=plan.vae_batch_size)
-        images = images_as_tensor([render(scenes[i], seed=int(rng.integers(2**31))) for i in picks])
+        images = images_as_tensor([render(scenes[i], *SIZES[0], seed=int(rng.integers(2**31))) for i in picks])
         reconstruction = vae.decode(vae.encode(images).latent_dist.mode()).sample
         loss = _shape_weighted_l1(reconstruction, images, plan.vae_shape_weight)
         optimizer.zero_grad(set_to_none=True)
@@ -99,41 +122,63 @@ def train_vae(vae: AutoencoderKLFlux2, plan: TrainingPlan, rng: np.random.Genera
     return float(np.mean(recent))
 
 
-@torch.no_grad()
-def encode_latent_pool(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed latents (N, tokens, channels) of jittered training images, and each one's scene index.
+@dataclass(frozen=True)
+class LatentPool:
+    """Packed, normalised latents (N, tokens, channels) of jittered drawings at one size: `per_scene`
+    drawings of each training scene in turn; with each token's loss weight (N, tokens)."""
 
-    Also sets the VAE's batch-norm running statistics from these latents: the pipeline divides
+    width: int
+    height: int
+    latents: torch.Tensor
+    token_weights: torch.Tensor
+    per_scene: int
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        """(rows, columns) of latent tokens: the VAE's 4× and the 2× patchify."""
+        return self.height // 8, self.width // 8
+
+
+def _shape_token_weights(images: torch.Tensor, shape_weight: float) -> torch.Tensor:
+    """(N, tokens): 1 plus (shape_weight - 1) times the share of shape pixels under each latent token
+    (an 8×8 patch), in the packed token order."""
+    coverage = torch.nn.functional.avg_pool2d(_shape_is_where(images).float(), kernel_size=8)
+    return (1 + (shape_weight - 1) * coverage).flatten(start_dim=1)
+
+
+@torch.no_grad()
+def encode_latent_pools(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> list[LatentPool]:
+    """One pool per supported size.
+
+    Also sets the VAE's batch-norm running statistics from all these latents: the pipeline divides
     and multiplies by exactly these, so the transformer works on unit-scale tokens.
     """
     scenes = training_scenes()
     scene_index = torch.arange(len(scenes)).repeat_interleave(plan.latent_pool_per_scene)
-    patchified = []
-    for chunk in tqdm(scene_index.split(64), desc="encode images", unit="batch"):
-        images = images_as_tensor([render(scenes[int(i)], seed=plan.seed * 1_000_003 + k) for k, i in enumerate(chunk)])
-        latents = pipe.vae.encode(images).latent_dist.mode()
-        patchified.append(Flux2KleinPipeline._patchify_latents(latents))
-    patchified = torch.cat(patchified)
+    patchified: list[torch.Tensor] = []
+    token_weights: list[torch.Tensor] = []
+    for size_index, (width, height) in enumerate(SIZES):
+        chunks, weights = [], []
+        for start in tqdm(range(0, len(scene_index), 64), desc=f"encode {width}x{height}", unit="batch"):
+            images = images_as_tensor([
+                render(scenes[int(i)], width, height, seed=(plan.seed * len(SIZES) + size_index) * 1_000_003 + k)
+                for k, i in enumerate(scene_index[start : start + 64].tolist(), start)
+            ])
+            chunks.append(Flux2KleinPipeline._patchify_latents(pipe.vae.encode(images).latent_dist.mode()))
+            weights.append(_shape_token_weights(images, plan.transformer_shape_weight))
+        patchified.append(torch.cat(chunks))
+        token_weights.append(torch.cat(weights))
     bn = pipe.vae.bn
-    bn.running_mean.copy_(patchified.mean(dim=(0, 2, 3)))
-    bn.running_var.copy_(patchified.var(dim=(0, 2, 3)))
+    channels_last = torch.cat([p.permute(0, 2, 3, 1).reshape(-1, p.shape[1]) for p in patchified])
+    bn.running_mean.copy_(channels_last.mean(dim=0))
+    bn.running_var.copy_(channels_last.var(dim=0))
     bn.num_batches_tracked.fill_(1)
     mean = bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps)
-    return Flux2KleinPipeline._pack_latents((patchified - mean) / std), scene_index
-
-
-@torch.no_grad()
-def encode_captions(pipe: Flux2KleinPipeline) -> tuple[torch.Tensor, int]:
-    """Prompt embeddings of every training caption at 512 tokens, and the longest prompt's token count."""
-    captions = [scene.caption for scene in training_scenes()]
-    embeddings = [
-        pipe.encode_prompt(prompt=chunk, device="cpu", max_sequence_length=MAX_SEQUENCE_LENGTH,
-                           text_encoder_out_layers=TEXT_OUT_LAYERS)[0]
-        for chunk in tqdm([captions[i : i + 16] for i in range(0, len(captions), 16)], desc="encode captions")
+    return [
+        LatentPool(width, height, Flux2KleinPipeline._pack_latents((p - mean) / std), weights, plan.latent_pool_per_scene)
+        for (width, height), p, weights in zip(SIZES, patchified, token_weights, strict=True)
     ]
-    longest = max(len(pipe.tokenizer(_chat_text(pipe, caption))["input_ids"]) for caption in captions)
-    return torch.cat(embeddings), longest
 
 
 def _chat_text(pipe: Flux2KleinPipeline, caption: str) -> str:
@@ -142,8 +187,113 @@ def _chat_text(pipe: Flux2KleinPipeline, caption: str) -> str:
     )
 
 
+@torch.no_grad()
+def encode_captions(pipe: Flux2KleinPipeline, captions: list[str], slack: int) -> torch.Tensor:
+    """Prompt embeddings cut to the longest caption's token count plus `slack` pads (at most 512)."""
+    longest = max(len(pipe.tokenizer(_chat_text(pipe, caption))["input_ids"]) for caption in captions)
+    return pipe.encode_prompt(prompt=captions, device="cpu", max_sequence_length=min(MAX_SEQUENCE_LENGTH, longest + slack),
+                              text_encoder_out_layers=TEXT_OUT_LAYERS)[0]
+
+
+# What the text encoder learns to say about a caption: per part, which word it names (index 0:
+# none, the part is left out), as `caption_code`.
+READ_PARTS: dict[str, tuple[str, ...]] = {
+    "shape": SHAPES, "colour": COLOURS, "background": COLOURS, "position": POSITIONS,
+}
+
+
+def _closing_token_count(pipe: Flux2KleinPipeline) -> int:
+    """Tokens the chat template puts after the caption (end of turn, assistant header, empty think block)."""
+    marker = "\x00"
+    return len(pipe.tokenizer(_chat_text(pipe, marker).split(marker, 1)[1])["input_ids"])
+
+
+def caption_codes(seed: int) -> dict[str, torch.Tensor]:
+    """Per part, one fixed random vector per word (row 0: the part is left out), in the prompt embedding's width.
+
+    A caption's code is the sum over its parts: what the text encoder learns to write at every
+    token from the end of the caption on, whatever the phrasing.
+    """
+    generator = torch.Generator().manual_seed(seed + 4)
+    width = len(TEXT_OUT_LAYERS) * TEXT_HIDDEN_SIZE
+    return {part: torch.randn(len(words) + 1, width, generator=generator) / 2 for part, words in READ_PARTS.items()}
+
+
+def caption_code(codes: dict[str, torch.Tensor], caption: Caption) -> torch.Tensor:
+    rows = []
+    for part, words in READ_PARTS.items():
+        word = getattr(caption, part)
+        rows.append(codes[part][0 if word is None else words.index(word) + 1])
+    return torch.stack(rows).sum(dim=0)
+
+
+def train_text_encoder(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> tuple[float, float]:
+    """Teach the random Qwen3 to read captions; returns the mean loss and accuracy of the last 100 steps.
+
+    The prompt embedding (its hidden states at the pipeline's out layers) must be zero at the
+    chat template's opening and the caption's tokens, and the caption's code (`caption_code`:
+    which shape, colour, background and position it names, or that it leaves one out) at every
+    token after the caption: the closing tokens and any padding up to 512. Those tokens follow
+    the caption, so the causal encoder can gather all of it there, whatever the word order. The
+    transformer is then conditioned on what a caption means, not on how it is written. Token
+    embeddings stay frozen, so every spelling of a word keeps its shared embedding. Accuracy:
+    the share of captions whose embedding at the last closing token is nearest to its own code
+    among the codes of every reading of the parts.
+    """
+    encoder = pipe.text_encoder
+    encoder.train()
+    encoder.requires_grad_(True)
+    encoder.get_input_embeddings().requires_grad_(False)
+    codes = caption_codes(plan.seed)
+    trainable = [parameter for parameter in encoder.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=plan.text_learning_rate, weight_decay=0.0)
+    closing = _closing_token_count(pipe)
+    rng = random.Random(plan.seed + 3)
+    scenes = training_scenes()
+    recent_loss: list[float] = []
+    recent_accuracy: list[float] = []
+    progress = tqdm(range(plan.text_steps), desc="text encoder", unit="step")
+    for step in progress:
+        _set_learning_rate(optimizer, _cosine_learning_rate(step, plan.text_steps, plan.text_learning_rate, 50))
+        long_text = step % plan.long_text_every == plan.long_text_every - 1
+        captions = [training_caption(rng.choice(scenes), rng)
+                    for _ in range(plan.long_text_batch_size if long_text else plan.text_batch_size)]
+        lengths = [len(pipe.tokenizer(_chat_text(pipe, caption.text))["input_ids"]) for caption in captions]
+        cut = MAX_SEQUENCE_LENGTH if long_text else max(lengths) + rng.randrange(plan.short_text_slack)
+        embeds = pipe.encode_prompt(prompt=[caption.text for caption in captions], device="cpu",
+                                    max_sequence_length=cut, text_encoder_out_layers=TEXT_OUT_LAYERS)[0]
+        targets = torch.zeros_like(embeds)
+        for row, (caption, length) in enumerate(zip(captions, lengths, strict=True)):
+            targets[row, length - closing :] = caption_code(codes, caption)
+        loss = (embeds - targets).pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        with torch.no_grad():
+            last = embeds[torch.arange(len(captions)), torch.tensor(lengths) - 1]
+            own = (last - targets[torch.arange(len(captions)), torch.tensor(lengths) - 1]).norm(dim=1)
+            nearest_other = torch.cdist(last, _every_code(codes), compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values
+            right = (own <= nearest_other + 1e-6).float().mean().item()
+        recent_loss = (recent_loss + [loss.item()])[-100:]
+        recent_accuracy = (recent_accuracy + [right])[-100:]
+        progress.set_postfix(loss=f"{np.mean(recent_loss):.4f}", read=f"{np.mean(recent_accuracy):.3f}")
+    encoder.eval()
+    encoder.requires_grad_(False)
+    return float(np.mean(recent_loss)), float(np.mean(recent_accuracy))
+
+
+def _every_code(codes: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The code of every combination of readings, (N, width)."""
+    total = torch.zeros(1, next(iter(codes.values())).shape[1])
+    for part_codes in codes.values():
+        total = (total[:, None, :] + part_codes[None, :, :]).reshape(-1, total.shape[1])
+    return total
+
+
 def _sample_sigmas(batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    """Noise levels weighted like the pipeline's schedules at 64 px (exponential shift, mu 1.6–1.95 for 50–4 steps).
+    """Noise levels weighted like the pipeline's schedules at these sizes (exponential shift, mu 1.6–1.97 for
+    50–4 steps at 64–256 image tokens).
 
     A quarter are uniform so that long schedules' low-noise steps are covered too.
     """
@@ -157,16 +307,18 @@ def _sample_sigmas(batch_size: int, generator: torch.Generator) -> torch.Tensor:
 def flow_matching_loss(
     transformer: Flux2Transformer2DModel,
     clean: torch.Tensor,
+    token_weights: torch.Tensor,
+    token_grid: tuple[int, int],
     prompt_embeds: torch.Tensor,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """MSE between the predicted and the true velocity (noise - clean) at random noise levels."""
+    """MSE between the predicted and the true velocity (noise - clean) at random noise levels, each token
+    weighted (shape tokens weigh more: the background is most of the picture and learnt first)."""
     batch_size = clean.shape[0]
     sigmas = _sample_sigmas(batch_size, generator)
     noise = torch.randn(clean.shape, generator=generator)
     noisy = (1 - sigmas.view(-1, 1, 1)) * clean + sigmas.view(-1, 1, 1) * noise
-    side = int(math.isqrt(clean.shape[1]))
-    img_ids = Flux2KleinPipeline._prepare_latent_ids(clean.new_zeros(batch_size, 1, side, side))
+    img_ids = Flux2KleinPipeline._prepare_latent_ids(clean.new_zeros(batch_size, 1, *token_grid))
     txt_ids = Flux2KleinPipeline._prepare_text_ids(prompt_embeds)
     prediction = transformer(
         hidden_states=noisy,
@@ -177,19 +329,17 @@ def flow_matching_loss(
         guidance=None,
         return_dict=False,
     )[0]
-    return torch.nn.functional.mse_loss(prediction, noise - clean)
+    squared_error = (prediction - (noise - clean)).pow(2).mean(dim=2)
+    return (squared_error * token_weights).mean() / token_weights.mean()
 
 
-def train_transformer(
-    transformer: Flux2Transformer2DModel,
-    latent_pool: torch.Tensor,
-    scene_index: torch.Tensor,
-    caption_embeddings: torch.Tensor,
-    prompt_tokens: int,
-    plan: TrainingPlan,
-) -> tuple[dict[str, torch.Tensor], float]:
+def train_transformer(pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: TrainingPlan) -> tuple[dict[str, torch.Tensor], float]:
     """Returns the EMA weights and the mean loss of the last 200 steps."""
+    transformer = pipe.transformer
     generator = torch.Generator().manual_seed(plan.seed + 1)
+    rng = random.Random(plan.seed + 2)
+    scenes = training_scenes()
+    scene_number = {scene: i for i, scene in enumerate(scenes)}
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=plan.transformer_learning_rate, weight_decay=0.01)
     ema = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
     transformer.train()
@@ -198,16 +348,24 @@ def train_transformer(
     for step in progress:
         lr = _cosine_learning_rate(step, plan.transformer_steps, plan.transformer_learning_rate, plan.warmup_steps)
         _set_learning_rate(optimizer, lr)
+        pool = pools[step % len(pools)]
+        rows, columns = pool.token_grid
         if step % plan.long_text_every == plan.long_text_every - 1:
-            batch_size, text_length = plan.long_text_batch_size, MAX_SEQUENCE_LENGTH
+            batch_size, slack = plan.long_text_batch_size, MAX_SEQUENCE_LENGTH
         else:
-            batch_size = plan.transformer_batch_size
-            text_length = prompt_tokens + int(torch.randint(plan.short_text_slack, (1,), generator=generator))
-        picks = torch.randint(len(latent_pool), (batch_size,), generator=generator)
+            batch_size = max(1, plan.tokens_per_batch // (rows * columns))
+            slack = rng.randrange(plan.short_text_slack)
+        captions = [training_caption(rng.choice(scenes), rng) for _ in range(batch_size)]
+        picks = [
+            scene_number[scene_drawn_for(caption)] * pool.per_scene + rng.randrange(pool.per_scene)
+            for caption in captions
+        ]
         loss = flow_matching_loss(
             transformer,
-            latent_pool[picks],
-            caption_embeddings[scene_index[picks], :text_length],
+            pool.latents[picks],
+            pool.token_weights[picks],
+            pool.token_grid,
+            encode_captions(pipe, [caption.text for caption in captions], slack),
             generator,
         )
         optimizer.zero_grad(set_to_none=True)
@@ -228,24 +386,23 @@ def train(out: Path, plan: TrainingPlan) -> dict:
     torch.set_num_threads(1)
     started = time.monotonic()
     pipe = build_pipeline(plan.seed)
-    pipe.text_encoder.requires_grad_(False)
     rng = np.random.default_rng(plan.seed)
 
+    text_loss, text_accuracy = train_text_encoder(pipe, plan)
     vae_loss = train_vae(pipe.vae, plan, rng)
     pipe.vae.requires_grad_(False)
-    latent_pool, scene_index = encode_latent_pool(pipe, plan)
-    caption_embeddings, longest_prompt = encode_captions(pipe)
-    ema, transformer_loss = train_transformer(
-        pipe.transformer, latent_pool, scene_index, caption_embeddings, longest_prompt, plan
-    )
+    pools = encode_latent_pools(pipe, plan)
+    ema, transformer_loss = train_transformer(pipe, pools, plan)
     pipe.transformer.load_state_dict(ema)
     pipe.save_pretrained(out)
 
     summary = {
         "plan": asdict(plan),
+        "sizes": [f"{width}x{height}" for width, height in SIZES],
+        "text_code_loss_last_100_steps": text_loss,
+        "text_code_accuracy_last_100_steps": text_accuracy,
         "vae_loss_last_100_steps": vae_loss,
         "transformer_loss_last_200_steps": transformer_loss,
-        "longest_training_prompt_tokens": longest_prompt,
         "training_seconds": round(time.monotonic() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
