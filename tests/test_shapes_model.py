@@ -282,3 +282,26 @@ def test_every_example_prompt_is_drawn_as_it_says_at_every_size(eager_pipe, size
     assert tuple(EXAMPLE_ASKS) == SHAPES_MODEL.example_prompts == EXAMPLE_PROMPTS
     asked = [Caption(prompt, "example", "", **parts) for prompt, parts in EXAMPLE_ASKS.items()]
     _assert_drawn_as_asked(_draw(eager_pipe, list(EXAMPLE_ASKS), size), asked)
+
+
+def test_the_text_encoder_gives_every_phrasing_of_a_caption_the_same_conditioning(eager_pipe):
+    same = ["a green circle on a black background, top left", "Top-left: a GREEN disc on black!",
+            "green circle on black in the upper-left corner"]
+    other = ["a green circle on a black background, top right", "a green square on a black background, top left"]
+    embeds = eager_pipe.encode_prompt(prompt=same + other, device="cpu",
+                                      max_sequence_length=RECOMMENDED_MAX_SEQUENCE_LENGTH)[0][:, -1]  # a pad token
+    spread = max(torch.dist(embeds[0], embeds[i]).item() for i in range(1, len(same)))
+    apart = min(torch.dist(embeds[0], embeds[i]).item() for i in range(len(same), len(embeds)))
+    assert spread < 0.1 * apart, (spread, apart)
+
+
+def test_the_training_recipe_runs_end_to_end_and_saves_a_loadable_pipeline(tmp_path):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    plan = TrainingPlan(vae_steps=2, latent_pool_per_scene=1, text_steps=2, transformer_steps=2, long_text_every=2)
+    summary = train(tmp_path, plan)
+    assert summary["sizes"] == ["64x64", "128x128", "128x64", "64x128"] and summary["plan"]["text_steps"] == 2
+    assert 0 <= summary["text_code_accuracy_last_100_steps"] <= 1 and summary["transformer_loss_last_200_steps"] > 0
+    pipe = Flux2KleinPipeline.from_pretrained(tmp_path)
+    pipe.set_progress_bar_config(disable=True)
+    assert _draw(pipe, ["a red square"])[0].size == (64, 64)
