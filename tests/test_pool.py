@@ -65,6 +65,13 @@ def pool_processes(channel: str) -> list[int]:
     return found
 
 
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def wait_until_gone(channel: str, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while (left := pool_processes(channel)) and time.monotonic() < deadline:
@@ -336,7 +343,8 @@ def test_cli_tp_image_equals_the_device_image(tmp_path):
 
 
 APP = """
-import sys, time
+import faulthandler, sys, time
+faulthandler.enable()  # a SIGABRT from the test shows where a hung exit waits
 from acceldemo.config import Settings
 from acceldemo.executors.pool import PoolExecutor
 executor = PoolExecutor(Settings.from_env(), timeout_s=120)
@@ -349,16 +357,26 @@ time.sleep(600)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["crash", "ctrl-c"])
-def test_no_pool_process_outlives_the_app(how):
-    app = subprocess.Popen([sys.executable, "-c", APP], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+def test_no_pool_process_outlives_the_app(how, tmp_path):
+    # The app's stderr goes to a file: a pipe nobody reads would block the app once full, a hang of the test's own
+    # making.
+    log = tmp_path / "app.log"
+    with open(log, "w") as err:
+        app = subprocess.Popen([sys.executable, "-c", APP], cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         channel = app.stdout.readline().strip()
-        assert channel, app.stderr.read()[-2000:]
+        assert channel, log.read_text()[-2000:]
         assert len(pool_processes(channel)) == 3  # torchrun's agent and two ranks
         assert sorted(processes_started_by(app.pid)) == sorted(pool_processes(channel))
         app.send_signal(how)
-        app.wait(30)
+        try:
+            app.wait(30)  # at most SHUTDOWN_GRACE_S + TERMINATE_GRACE_S before the kill, and the exit
+        except subprocess.TimeoutExpired:
+            left = {pid: _state(pid) for pid in pool_processes(channel)}
+            app.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the log
+            app.wait(10)
+            pytest.fail(f"the app did not exit within 30 s of {how.name}; pool processes {left}; "
+                        f"its stderr ends:\n{log.read_text()[-6000:]}")
         assert wait_until_gone(channel, 15) == [] and processes_started_by(app.pid) == []
         assert not os.path.exists(os.path.dirname(channel))  # the private folder goes too
     finally:
