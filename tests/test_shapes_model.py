@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import numpy as np
@@ -305,3 +306,48 @@ def test_the_training_recipe_runs_end_to_end_and_saves_a_loadable_pipeline(tmp_p
     pipe = Flux2KleinPipeline.from_pretrained(tmp_path)
     pipe.set_progress_bar_config(disable=True)
     assert _draw(pipe, ["a red square"])[0].size == (64, 64)
+
+
+@pytest.mark.slow
+def test_retraining_only_the_transformer_keeps_the_text_encoder_and_vae_and_checkpoints_as_it_goes(tmp_path):
+    from safetensors.torch import load_file
+
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    source = trained_model_dir()
+    plan = TrainingPlan(latent_pool_per_scene=1, transformer_steps=3, long_text_every=2, rope_axes="2,10,10,2",
+                        size_schedule="1,0", checkpoint_every=1, text_and_vae_from=str(source))
+    summary = train(tmp_path, plan)
+    for part in ("text_encoder", "vae"):
+        kept, committed = (load_file(next((folder / part).glob("*.safetensors"))) for folder in (tmp_path, source))
+        # The VAE's batch-norm statistics are set again from this run's latent pools (one drawing per scene here).
+        weights = [key for key in committed if not key.startswith("bn.")]
+        assert kept.keys() == committed.keys() and all(torch.equal(kept[k], committed[k]) for k in weights), part
+    assert summary["text_and_vae"]["from"] == str(source)
+    assert summary["text_and_vae"]["text_code_accuracy_last_100_steps"] == 1.0
+    assert not (tmp_path / "checkpoint.json").exists()  # the last checkpoint became the final model
+    pipe = Flux2KleinPipeline.from_pretrained(tmp_path)
+    assert tuple(pipe.transformer.config.axes_dims_rope) == (2, 10, 10, 2)
+    pipe.set_progress_bar_config(disable=True)
+    assert _draw(pipe, ["a red square"])[0].size == (64, 64)
+
+
+def test_a_checkpoint_is_a_loadable_pipeline_that_says_its_step(tmp_path):
+    from acceldemo.models.shapes.train import _save_checkpoint
+
+    pipe = Flux2KleinPipeline.from_pretrained(trained_model_dir())
+    pipe.save_pretrained(tmp_path)
+    ema = {name: torch.zeros_like(value) for name, value in pipe.transformer.state_dict().items()}
+    _save_checkpoint(pipe, ema, tmp_path, 500)
+    assert json.loads((tmp_path / "checkpoint.json").read_text()) == {"transformer_step": 500}
+    reloaded = Flux2KleinPipeline.from_pretrained(tmp_path)
+    assert all(not value.any() for value in reloaded.transformer.state_dict().values())
+    assert any(value.any() for value in pipe.transformer.state_dict().values())  # the live model is untouched
+
+
+def test_a_size_schedule_outside_the_trained_sizes_is_refused_before_training(tmp_path):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    with pytest.raises(ValueError, match=r"size_schedule='0,4'.*indices into 4 sizes"):
+        train(tmp_path, TrainingPlan(size_schedule="0,4"))
+    assert not any(tmp_path.iterdir())

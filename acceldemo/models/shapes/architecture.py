@@ -122,7 +122,9 @@ def build_vae() -> AutoencoderKLFlux2:
     )
 
 
-def build_transformer() -> Flux2Transformer2DModel:
+def build_transformer(axes_dims_rope: tuple[int, ...] = (6, 6, 6, 6)) -> Flux2Transformer2DModel:
+    """`axes_dims_rope`: rotary dims per position axis (t, h, w, l), summing to the head dim; only h and w
+    vary on image tokens, only l on text tokens."""
     return Flux2Transformer2DModel(
         in_channels=4 * LATENT_CHANNELS,
         num_layers=2,
@@ -132,12 +134,12 @@ def build_transformer() -> Flux2Transformer2DModel:
         joint_attention_dim=len(TEXT_OUT_LAYERS) * TEXT_HIDDEN_SIZE,
         timestep_guidance_channels=64,
         mlp_ratio=3.0,
-        axes_dims_rope=(6, 6, 6, 6),
+        axes_dims_rope=axes_dims_rope,
         guidance_embeds=False,
     )
 
 
-def build_pipeline(seed: int) -> Flux2KleinPipeline:
+def build_pipeline(seed: int, axes_dims_rope: tuple[int, ...] = (6, 6, 6, 6)) -> Flux2KleinPipeline:
     """All components with fresh weights drawn from `seed`."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
@@ -146,6 +148,6 @@ def build_pipeline(seed: int) -> Flux2KleinPipeline:
         vae=build_vae(),
         text_encoder=build_text_encoder(tokenizer),
         tokenizer=tokenizer,
-        transformer=build_transformer(),
+        transformer=build_transformer(axes_dims_rope),
         is_distilled=True,
     )

@@ -63,6 +63,22 @@ class TrainingPlan:
     transformer_shape_weight: float = 4.0  # loss weight of a token covered by the shape, relative to background
     warmup_steps: int = 100
     ema_decay: float = 0.999
+    rope_axes: str = "6,6,6,6"  # the transformer's rotary dims per position axis (t, h, w, l)
+    size_schedule: str = "0,1,2,3"  # indices into SIZES: the transformer's batches take the sizes in this cycle
+    checkpoint_every: int = 500  # transformer steps between saves of the EMA weights to --out (0: only at the end)
+    # A saved pipeline whose tokenizer, text encoder and VAE to keep (phases 0 and 1 skipped); empty: train them.
+    text_and_vae_from: str = ""
+
+    @property
+    def axes_dims_rope(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.rope_axes.split(","))
+
+    @property
+    def size_cycle(self) -> list[int]:
+        cycle = [int(part) for part in self.size_schedule.split(",")]
+        if not cycle or not all(0 <= index < len(SIZES) for index in cycle):
+            raise ValueError(f"size_schedule={self.size_schedule!r}: indices into {len(SIZES)} sizes, comma-separated")
+        return cycle
 
 
 def _cosine_learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
@@ -334,8 +350,20 @@ def flow_matching_loss(
     return (squared_error * token_weights).mean() / token_weights.mean()
 
 
-def train_transformer(pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: TrainingPlan) -> tuple[dict[str, torch.Tensor], float]:
-    """Returns the EMA weights and the mean loss of the last 200 steps."""
+def _save_checkpoint(pipe: Flux2KleinPipeline, ema: dict[str, torch.Tensor], out: Path, step: int) -> None:
+    """Write the EMA transformer into the pipeline saved at `out` (written whole once), so that `out` is
+    loadable and can be evaluated while training goes on; `checkpoint.json` says after which step."""
+    shadow = Flux2Transformer2DModel.from_config(pipe.transformer.config)
+    shadow.load_state_dict(ema)
+    shadow.save_pretrained(out / "transformer")
+    (out / "checkpoint.json").write_text(json.dumps({"transformer_step": step}) + "\n")
+
+
+def train_transformer(
+    pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: TrainingPlan, out: Path | None = None
+) -> tuple[dict[str, torch.Tensor], float]:
+    """Returns the EMA weights and the mean loss of the last 200 steps; saves them to `out` every
+    `plan.checkpoint_every` steps."""
     transformer = pipe.transformer
     generator = torch.Generator().manual_seed(plan.seed + 1)
     rng = random.Random(plan.seed + 2)
@@ -345,11 +373,12 @@ def train_transformer(pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: T
     ema = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
     transformer.train()
     recent: list[float] = []
+    cycle = plan.size_cycle
     progress = tqdm(range(plan.transformer_steps), desc="transformer", unit="step")
     for step in progress:
         lr = _cosine_learning_rate(step, plan.transformer_steps, plan.transformer_learning_rate, plan.warmup_steps)
         _set_learning_rate(optimizer, lr)
-        pool = pools[step % len(pools)]
+        pool = pools[cycle[step % len(cycle)]]
         rows, columns = pool.token_grid
         if step % plan.long_text_every == plan.long_text_every - 1:
             batch_size, slack = plan.long_text_batch_size, MAX_SEQUENCE_LENGTH
@@ -379,6 +408,8 @@ def train_transformer(pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: T
                 ema[name].lerp_(value, 1 - decay)
         recent = (recent + [loss.item()])[-200:]
         progress.set_postfix(loss=f"{np.mean(recent):.4f}", lr=f"{lr:.1e}")
+        if out is not None and plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:
+            _save_checkpoint(pipe, ema, out, step + 1)
     transformer.eval()
     return ema, float(np.mean(recent))
 
@@ -386,29 +417,50 @@ def train_transformer(pipe: Flux2KleinPipeline, pools: list[LatentPool], plan: T
 def train(out: Path, plan: TrainingPlan) -> dict:
     torch.set_num_threads(1)
     started = time.monotonic()
-    pipe = build_pipeline(plan.seed)
+    plan.size_cycle  # refuse a bad schedule before hours of training
+    pipe = build_pipeline(plan.seed, plan.axes_dims_rope)
     rng = np.random.default_rng(plan.seed)
 
-    text_loss, text_accuracy = train_text_encoder(pipe, plan)
-    vae_loss = train_vae(pipe.vae, plan, rng)
+    if plan.text_and_vae_from:
+        earlier = _keep_text_and_vae(pipe, Path(plan.text_and_vae_from))
+    else:
+        text_loss, text_accuracy = train_text_encoder(pipe, plan)
+        vae_loss = train_vae(pipe.vae, plan, rng)
+        earlier = {"text_code_loss_last_100_steps": text_loss, "text_code_accuracy_last_100_steps": text_accuracy,
+                   "vae_loss_last_100_steps": vae_loss}
     pipe.vae.requires_grad_(False)
     pools = encode_latent_pools(pipe, plan)
-    ema, transformer_loss = train_transformer(pipe, pools, plan)
+    out.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(out)
+    ema, transformer_loss = train_transformer(pipe, pools, plan, out)
     pipe.transformer.load_state_dict(ema)
     pipe.save_pretrained(out)
+    (out / "checkpoint.json").unlink(missing_ok=True)
 
     summary = {
         "plan": asdict(plan),
         "sizes": [f"{width}x{height}" for width, height in SIZES],
-        "text_code_loss_last_100_steps": text_loss,
-        "text_code_accuracy_last_100_steps": text_accuracy,
-        "vae_loss_last_100_steps": vae_loss,
+        **earlier,
         "transformer_loss_last_200_steps": transformer_loss,
         "training_seconds": round(time.monotonic() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _keep_text_and_vae(pipe: Flux2KleinPipeline, source: Path) -> dict:
+    """Put the tokenizer, text encoder and VAE saved at `source` into `pipe`; returns what its
+    training_summary.json says of how they were trained (under "text_and_vae")."""
+    loaded = Flux2KleinPipeline.from_pretrained(source, transformer=None)
+    pipe.tokenizer, pipe.text_encoder, pipe.vae = loaded.tokenizer, loaded.text_encoder.eval(), loaded.vae.eval()
+    pipe.text_encoder.requires_grad_(False)
+    summary_file = source / "training_summary.json"
+    earlier = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    kept = {key: value for key, value in earlier.items() if key.startswith(("text_", "vae_"))}
+    return {"text_and_vae": {"from": str(source), **kept,
+                             "training_seconds": earlier.get("text_and_vae", {}).get("training_seconds",
+                                                                                     earlier.get("training_seconds"))}}
 
 
 def main(argv: list[str] | None = None) -> None:
