@@ -351,3 +351,27 @@ def test_a_size_schedule_outside_the_trained_sizes_is_refused_before_training(tm
     with pytest.raises(ValueError, match=r"size_schedule='0,4'.*indices into 4 sizes"):
         train(tmp_path, TrainingPlan(size_schedule="0,4"))
     assert not any(tmp_path.iterdir())
+
+
+def test_training_on_from_a_transformer_with_other_rope_axes_is_refused(tmp_path):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    plan = TrainingPlan(rope_axes="2,10,10,2", transformer_from=str(trained_model_dir()),
+                        text_and_vae_from=str(trained_model_dir()))
+    with pytest.raises(ValueError, match=r"has rope axes \(6, 6, 6, 6\), not rope_axes='2,10,10,2'"):
+        train(tmp_path, plan)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_training_on_from_a_saved_transformer_starts_from_its_weights(tmp_path):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    source = trained_model_dir()
+    plan = TrainingPlan(latent_pool_per_scene=1, transformer_steps=2, long_text_every=2, warmup_steps=1,
+                        transformer_learning_rate=1e-12, text_and_vae_from=str(source), transformer_from=str(source))
+    summary = train(tmp_path, plan)
+    assert summary["transformer"]["from"] == str(source) and summary["transformer"]["steps"] == 12000
+    before = Flux2KleinPipeline.from_pretrained(source).transformer.state_dict()
+    after = Flux2KleinPipeline.from_pretrained(tmp_path).transformer.state_dict()
+    assert max((after[name] - before[name]).abs().max().item() for name in before) < 1e-6

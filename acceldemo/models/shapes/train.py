@@ -19,6 +19,12 @@ Four phases, all seeded:
    (`dataset.scene_drawn_for`). Text is cut to a random length
    per batch (an exact cut: the encoder is causal and pads on the right), so the model
    serves any max_sequence_length from the prompt's length up to 512.
+
+`--text-and-vae-from DIR` keeps a saved pipeline's tokenizer, text encoder and VAE (phases 0 and 1
+skipped; 2 sets the batch-norm statistics again), `--transformer-from DIR` trains on from its
+transformer; the summary records where they came from. Every `--checkpoint-every` steps the EMA
+transformer is written into `--out`, which is a loadable pipeline from the start of phase 3 on
+(`checkpoint.json` names the step; it is removed when the run ends).
 """
 from __future__ import annotations
 
@@ -68,6 +74,8 @@ class TrainingPlan:
     checkpoint_every: int = 500  # transformer steps between saves of the EMA weights to --out (0: only at the end)
     # A saved pipeline whose tokenizer, text encoder and VAE to keep (phases 0 and 1 skipped); empty: train them.
     text_and_vae_from: str = ""
+    # A saved pipeline whose transformer to train on from (its rotary dims must be rope_axes); empty: fresh weights.
+    transformer_from: str = ""
 
     @property
     def axes_dims_rope(self) -> tuple[int, ...]:
@@ -429,6 +437,8 @@ def train(out: Path, plan: TrainingPlan) -> dict:
         earlier = {"text_code_loss_last_100_steps": text_loss, "text_code_accuracy_last_100_steps": text_accuracy,
                    "vae_loss_last_100_steps": vae_loss}
     pipe.vae.requires_grad_(False)
+    if plan.transformer_from:
+        earlier["transformer"] = _keep_transformer(pipe, Path(plan.transformer_from), plan)
     pools = encode_latent_pools(pipe, plan)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out)
@@ -461,6 +471,20 @@ def _keep_text_and_vae(pipe: Flux2KleinPipeline, source: Path) -> dict:
     return {"text_and_vae": {"from": str(source), **kept,
                              "training_seconds": earlier.get("text_and_vae", {}).get("training_seconds",
                                                                                      earlier.get("training_seconds"))}}
+
+
+def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan) -> dict:
+    """Load the transformer saved at `source` into `pipe` to train on from; returns what its
+    training_summary.json says of it (its plan and final loss)."""
+    loaded = Flux2Transformer2DModel.from_pretrained(source / "transformer")
+    if tuple(loaded.config.axes_dims_rope) != plan.axes_dims_rope:
+        raise ValueError(f"the transformer at {source} has rope axes {tuple(loaded.config.axes_dims_rope)}, "
+                         f"not rope_axes={plan.rope_axes!r}")
+    pipe.transformer.load_state_dict(loaded.state_dict())
+    summary_file = source / "training_summary.json"
+    earlier = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    return {"from": str(source), **{key: value for key, value in earlier.items() if key.startswith("transformer")},
+            "steps": earlier.get("plan", {}).get("transformer_steps")}
 
 
 def main(argv: list[str] | None = None) -> None:
