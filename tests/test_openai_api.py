@@ -76,6 +76,18 @@ def test_one_image_is_a_png_of_the_asked_size_with_the_engine_facts(client):
 
 
 @pytest.mark.slow
+def test_without_a_seed_each_request_draws_its_own_and_says_which(client):
+    first, second = (client.images.generate(prompt="a red circle", size="64x64", n=2,
+                                            extra_body={"num_inference_steps": 2}) for _ in range(2))
+    seeds = [[facts["seed"] for facts in answer.acceldemo] for answer in (first, second)]
+    assert seeds[0][1] == seeds[0][0] + 1 and seeds[1][1] == seeds[1][0] + 1 and seeds[0] != seeds[1]
+    assert not (pixels(first.data[0].b64_json) == pixels(second.data[0].b64_json)).all()
+    again = client.images.generate(prompt="a red circle", size="64x64",
+                                   extra_body={"seed": seeds[1][1], "num_inference_steps": 2})
+    assert (pixels(again.data[0].b64_json) == pixels(second.data[1].b64_json)).all()  # the seed it names makes it again
+
+
+@pytest.mark.slow
 def test_n_images_are_seed_and_seed_plus_one_and_differ(client):
     answer = client.images.generate(prompt="a red circle", size="64x64", n=2,
                                     extra_body={"seed": 3, "mode": "compiled", "guidance_scale": 1.0})

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from ..engine import MAX_IMAGES, SessionManager
+from ..engine import MAX_IMAGES, MAX_SEED, SessionManager
 from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, HardwareUnavailable, InvalidRequest,
                       ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
 from ..models.catalog import CATALOG
@@ -75,11 +75,13 @@ class ImageGenerationRequest(BaseModel):
     tp_size: int | None = None
 
     def engine_requests(self) -> list[GenerateRequest]:
-        """One engine request per image; a field left out keeps the engine's default."""
+        """One engine request per image; a field left out keeps the engine's default, but for `seed`: absent, it is
+        drawn at random, as OpenAI's API gives other images for the same prompt each time (the facts say which)."""
+        seed = secrets.randbelow(MAX_SEED - self.n + 2) if self.seed is None else self.seed
         given = {"prompt": self.prompt, "model": self.model, "hardware": self.hardware, "mode": self.mode,
                  "placement": self.placement, "tp_size": self.tp_size,
                  "resolution": None if self.size == "auto" else self.size, "steps": self.num_inference_steps,
-                 "guidance": self.guidance_scale, "seed": self.seed}
+                 "guidance": self.guidance_scale, "seed": seed}
         first = GenerateRequest(**{name: value for name, value in given.items() if value is not None})
         return [replace(first, seed=first.seed + i) for i in range(self.n)]
 
