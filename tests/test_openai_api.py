@@ -22,6 +22,7 @@ from acceldemo.errors import (Cancelled, CapacityExceeded, DeviceBusy, Generatio
                               ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination)
 from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.loading import model_availability
+from acceldemo.models.shapes import SIZES as SHAPES_SIZES, TRAINED_SIZES as TRAINED_SHAPES_SIZES
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
@@ -159,13 +160,15 @@ def test_invalid_requests_are_400_naming_the_api_field_with_the_engine_message(c
 
 @pytest.mark.slow
 def test_tiny_shapes_lists_and_accepts_only_its_sizes_and_names_unknown_words(client):
-    assert client.models.retrieve("tiny-shapes").sizes == ["64x64"]
-    for size in ("128x128", "1024x1024", "96x64"):
+    served = [f"{width}x{height}" for width, height in SHAPES_SIZES]
+    assert client.models.retrieve("tiny-shapes").sizes == served
+    not_served = [f"{width}x{height}" for width, height in TRAINED_SHAPES_SIZES if (width, height) not in SHAPES_SIZES]
+    for size in ("1024x1024", "96x64", *not_served):
         with pytest.raises(openai.BadRequestError) as raised:
             client.images.generate(model="tiny-shapes", prompt="a red square", size=size)
         assert raised.value.param == "size", size
-        assert f"resolution='{size}' is not accepted: one of the sizes tiny-shapes draws correctly: 64x64" \
-            in raised.value.message
+        assert f"resolution='{size}' is not accepted: one of the sizes tiny-shapes draws correctly: " \
+               f"{', '.join(served)}" in raised.value.message
     answer = client.images.generate(model="tiny-shapes", prompt="a YELLOW square on a Purple background, sparkly",
                                     size="64x64", extra_body={"mode": "eager"})
     assert pixels(answer.data[0].b64_json).shape == (64, 64, 3)

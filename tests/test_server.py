@@ -9,6 +9,8 @@ import pytest
 from gradio_client import Client
 from PIL import Image
 
+from acceldemo.models.shapes import SIZES as SHAPES_SIZES
+
 pytestmark = pytest.mark.slow
 
 
@@ -74,9 +76,10 @@ def test_tiny_shapes_says_what_it_does_not_know_and_refuses_sizes_it_does_not_dr
     for prompt in ("a red square on a blue background, top left", "Red square, upper-left!", "a square"):
         facts = call_generate(client, model="tiny-shapes", mode="eager", prompt=prompt)[2]
         assert facts["unknown_words"] == [] and facts["note"] == "", prompt
-    with pytest.raises(Exception, match="resolution='128x128' is not accepted: one of the sizes tiny-shapes draws "
-                                        "correctly: 64x64"):
-        call_generate(client, model="tiny-shapes", mode="eager", resolution="128x128")
+    served = ", ".join(f"{width}x{height}" for width, height in SHAPES_SIZES)
+    with pytest.raises(Exception, match=f"resolution='96x64' is not accepted: one of the sizes tiny-shapes draws "
+                                        f"correctly: {served}"):
+        call_generate(client, model="tiny-shapes", mode="eager", resolution="96x64")
 
 
 def test_status_endpoint_lists_pipelines_and_shapes(client, server):
