@@ -23,6 +23,7 @@ TEXT_HIDDEN_SIZE = 32
 TEXT_OUT_LAYERS = (9, 18, 27)  # the pipeline's default text_encoder_out_layers
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 LATENT_CHANNELS = 8
+ROPE_AXES = (6, 6, 6, 6)  # the transformer's rotary dims per position axis (t, h, w, l), summing to the head dim
 
 
 def _byte_level(text: str) -> str:
@@ -122,7 +123,7 @@ def build_vae() -> AutoencoderKLFlux2:
     )
 
 
-def build_transformer(axes_dims_rope: tuple[int, ...] = (6, 6, 6, 6)) -> Flux2Transformer2DModel:
+def build_transformer(axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Flux2Transformer2DModel:
     """`axes_dims_rope`: rotary dims per position axis (t, h, w, l), summing to the head dim; only h and w
     vary on image tokens, only l on text tokens."""
     return Flux2Transformer2DModel(
@@ -139,7 +140,7 @@ def build_transformer(axes_dims_rope: tuple[int, ...] = (6, 6, 6, 6)) -> Flux2Tr
     )
 
 
-def build_pipeline(seed: int, axes_dims_rope: tuple[int, ...] = (6, 6, 6, 6)) -> Flux2KleinPipeline:
+def build_pipeline(seed: int, axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Flux2KleinPipeline:
     """All components with fresh weights drawn from `seed`."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()

@@ -42,7 +42,7 @@ from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2D
 from tqdm.auto import tqdm
 
 from . import TRAINED_SIZES as SIZES
-from .architecture import MAX_SEQUENCE_LENGTH, TEXT_HIDDEN_SIZE, TEXT_OUT_LAYERS, build_pipeline
+from .architecture import MAX_SEQUENCE_LENGTH, ROPE_AXES, TEXT_HIDDEN_SIZE, TEXT_OUT_LAYERS, build_pipeline
 from .dataset import images_as_tensor, render, scene_drawn_for, training_caption, training_scenes
 from .phrasing import COLOURS, POSITIONS, SHAPES, Caption
 
@@ -69,7 +69,7 @@ class TrainingPlan:
     transformer_shape_weight: float = 4.0  # loss weight of a token covered by the shape, relative to background
     warmup_steps: int = 100
     ema_decay: float = 0.999
-    rope_axes: str = "6,6,6,6"  # the transformer's rotary dims per position axis (t, h, w, l)
+    rope_axes: str = ",".join(map(str, ROPE_AXES))  # the transformer's rotary dims per position axis (t, h, w, l)
     size_schedule: str = "0,1,2,3"  # indices into SIZES: the transformer's batches take the sizes in this cycle
     checkpoint_every: int = 500  # transformer steps between saves of the EMA weights to --out (0: only at the end)
     # A saved pipeline whose tokenizer, text encoder and VAE to keep (phases 0 and 1 skipped); empty: train them.
@@ -459,14 +459,19 @@ def train(out: Path, plan: TrainingPlan) -> dict:
     return summary
 
 
+def _training_summary(source: Path) -> dict:
+    """The training_summary.json saved beside a pipeline; empty where there is none."""
+    summary_file = source / "training_summary.json"
+    return json.loads(summary_file.read_text()) if summary_file.exists() else {}
+
+
 def _keep_text_and_vae(pipe: Flux2KleinPipeline, source: Path) -> dict:
     """Put the tokenizer, text encoder and VAE saved at `source` into `pipe`; returns what its
     training_summary.json says of how they were trained (under "text_and_vae")."""
     loaded = Flux2KleinPipeline.from_pretrained(source, transformer=None)
     pipe.tokenizer, pipe.text_encoder, pipe.vae = loaded.tokenizer, loaded.text_encoder.eval(), loaded.vae.eval()
     pipe.text_encoder.requires_grad_(False)
-    summary_file = source / "training_summary.json"
-    earlier = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    earlier = _training_summary(source)
     kept = {key: value for key, value in earlier.items() if key.startswith(("text_", "vae_"))}
     return {"text_and_vae": {"from": str(source), **kept,
                              "training_seconds": earlier.get("text_and_vae", {}).get("training_seconds",
@@ -481,8 +486,7 @@ def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan
         raise ValueError(f"the transformer at {source} has rope axes {tuple(loaded.config.axes_dims_rope)}, "
                          f"not rope_axes={plan.rope_axes!r}")
     pipe.transformer.load_state_dict(loaded.state_dict())
-    summary_file = source / "training_summary.json"
-    earlier = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    earlier = _training_summary(source)
     return {"from": str(source), **{key: value for key, value in earlier.items() if key.startswith("transformer")},
             "steps": earlier.get("plan", {}).get("transformer_steps")}
 
