@@ -179,6 +179,37 @@ def test_judge_accepts_any_value_for_a_part_the_caption_leaves_out_but_wants_a_s
     assert not blank["shape"] and not blank["colour"] and blank["background"]
 
 
+def test_the_scene_check_names_a_held_out_scene_drawn_wrong_for_half_its_seeds():
+    from acceldemo.models.shapes.evaluate import scene_report
+
+    moved = Scene(HELD_OUT[0].shape, HELD_OUT[0].colour, HELD_OUT[0].background, "top left")
+    drawn = [(scene, scene) for scene in HELD_OUT for _ in range(4)]
+    drawn[:2] = [(HELD_OUT[0], moved)] * 2  # two of its four seeds drawn top left
+    report = scene_report([render(shown, 64, 64, seed=i) for i, (_, shown) in enumerate(drawn)],
+                          [asked for asked, _ in drawn])
+    assert report["scenes"] == 3 and report["holding"] == pytest.approx(2 / 3)
+    assert report["weak"] == [{"caption": _canonical(HELD_OUT[0]), "right": 2, "of": 4, "wrong": {"position": 2}}]
+
+
+def test_the_evaluation_scores_every_size_and_family_and_checks_each_held_out_scene(tmp_path):
+    from acceldemo.models.shapes.evaluate import main
+
+    out = tmp_path / "evaluation.json"
+    main(["--captions-per-family", "1", "--seeds-per-scene", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    sizes = [f"{width}x{height}" for width, height in TRAINED_SIZES]
+    assert list(report["generated"]) == list(report["held_out_scenes"]) == sizes
+    assert all(list(report["generated"][size]) == list(FAMILIES) for size in sizes)
+    assert all(scores == {"colours": 1.0, "position": 1.0, "shape": 1.0} for scores in report["ground_truth"].values())
+    for size in sizes:
+        check = report["held_out_scenes"][size]
+        assert check["scenes"] == len(held_out_scenes())
+        assert check["holding"] == pytest.approx(1 - len(check["weak"]) / check["scenes"])
+    served = report["held_out_scenes"][f"{SIZES[0][0]}x{SIZES[0][1]}"]
+    assert served["holding"] >= 0.75, served["weak"]
+    assert report["served_sizes"] == [f"{width}x{height}" for width, height in SIZES]
+
+
 # --- what the catalog tells the page and the API --------------------------------------------------
 
 def test_tiny_shapes_offers_only_the_sizes_it_draws_right_at():

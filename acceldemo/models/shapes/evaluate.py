@@ -1,10 +1,13 @@
 """Score the shapes model on held-out captions at every size: `python -m acceldemo.models.shapes.evaluate --model DIR`.
 
-Three checks, each judged by `judge.py` at each supported size:
+Four checks, each judged by `judge.py` at each supported size:
 - ground truth: the held-out scenes drawn by `dataset.render` (checks the judge itself);
 - VAE round trip: those drawings encoded and decoded (the ceiling the VAE leaves);
 - generated: held-out captions of every phrasing family through the stock
-  `Flux2KleinPipeline.__call__`, scored per size × family on what each caption asks.
+  `Flux2KleinPipeline.__call__`, scored per size × family on what each caption asks;
+- held-out scenes: each held-out scene's template caption drawn with several seeds, so that one
+  scene the model gets wrong half the time shows by name (one caption per scene would hide it
+  as a few points in the family's figure).
 `--grid PATH` instead draws the example prompts at every size into one PNG (the served sizes).
 """
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,10 +26,12 @@ from PIL import Image, ImageDraw
 from . import RECOMMENDED_MAX_SEQUENCE_LENGTH, RECOMMENDED_STEPS, SIZES, TRAINED_SIZES, trained_model_dir
 from .dataset import Scene, held_out_captions, held_out_scenes, images_as_tensor, render
 from .judge import judge
-from .phrasing import EXAMPLE_PROMPTS, FAMILIES, Caption
+from .phrasing import CANONICAL_FAMILY, EXAMPLE_PROMPTS, FAMILIES, Caption, fill
 
 # Targets on held-out captions, per size and family, over the captions that ask for the part.
 TARGETS = {"colours": 0.95, "position": 0.90, "shape": 0.90}
+# A held-out scene holds at a size when at least this share of its seeds draws every part right.
+SCENE_HOLDS = 0.75
 _PART_ASKED = {
     "colours": lambda asked: asked.colour is not None or asked.background is not None,
     "position": lambda asked: asked.position is not None,
@@ -76,6 +81,36 @@ def generate(
     return images
 
 
+def scene_report(images: Sequence[Image.Image], scenes: Sequence[Scene]) -> dict:
+    """Group the images by scene (any order, several per scene) and name the scenes that do not hold.
+
+    Returns the share of scenes that hold, and for each weak scene (fewest right seeds first) its
+    template caption, its right seeds of all, and how often each part was wrong.
+    """
+    verdicts: dict[Scene, list[dict[str, bool]]] = defaultdict(list)
+    for image, scene in zip(images, scenes, strict=True):
+        verdicts[scene].append(judge(image).matches(scene))
+    weak = []
+    for scene, judged in verdicts.items():
+        right = sum(all(verdict[part] for part in TARGETS) for verdict in judged)
+        if right < SCENE_HOLDS * len(judged):
+            wrong = {part: sum(not verdict[part] for verdict in judged) for part in TARGETS}
+            weak.append({"caption": fill(FAMILIES[CANONICAL_FAMILY][0], scene.parts), "right": right,
+                         "of": len(judged), "wrong": {part: count for part, count in wrong.items() if count}})
+    weak.sort(key=lambda entry: (entry["right"] / entry["of"], entry["caption"]))
+    return {"scenes": len(verdicts), "holding": 1 - len(weak) / len(verdicts), "weak": weak}
+
+
+def held_out_scene_check(pipe: Flux2KleinPipeline, width: int, height: int, seeds: int, steps: int) -> dict:
+    """Every held-out scene's template caption drawn `seeds` times at width×height, then `scene_report`."""
+    scenes = held_out_scenes()
+    prompts = [fill(FAMILIES[CANONICAL_FAMILY][0], scene.parts) for scene in scenes]
+    images: list[Image.Image] = []
+    for round_ in range(seeds):  # round r draws scene i from seed 1000 r + i
+        images += generate(pipe, prompts, width, height, seed=1_000 * round_, steps=steps)
+    return scene_report(images, scenes * seeds)
+
+
 @torch.no_grad()
 def vae_round_trip(pipe: Flux2KleinPipeline, images: list[Image.Image]) -> list[Image.Image]:
     latents = pipe.vae.encode(images_as_tensor(images)).latent_dist.mode()
@@ -89,7 +124,7 @@ def load(model_dir: Path) -> Flux2KleinPipeline:
     return pipe
 
 
-def evaluate(model_dir: Path, steps: int, captions_per_family: int) -> dict:
+def evaluate(model_dir: Path, steps: int, captions_per_family: int, seeds_per_scene: int = 8) -> dict:
     torch.set_num_threads(1)
     pipe = load(model_dir)
     scenes = held_out_scenes()
@@ -102,6 +137,7 @@ def evaluate(model_dir: Path, steps: int, captions_per_family: int) -> dict:
         "ground_truth": {},
         "vae_round_trip": {},
         "generated": {},
+        "held_out_scenes": {},
     }
     started, generated_images = time.monotonic(), 0
     for width, height in TRAINED_SIZES:
@@ -114,6 +150,9 @@ def evaluate(model_dir: Path, steps: int, captions_per_family: int) -> dict:
             images = generate(pipe, [c.text for c in family_captions], width, height, seed=0, steps=steps)
             report["generated"][size][family] = accuracy(images, family_captions)
             generated_images += len(images)
+        if seeds_per_scene:
+            report["held_out_scenes"][size] = held_out_scene_check(pipe, width, height, seeds_per_scene, steps)
+            generated_images += seeds_per_scene * len(scenes)
     report["seconds_per_generated_image"] = round((time.monotonic() - started) / generated_images, 4)
     report["meets_targets"] = {
         size: all(score is None or score >= TARGETS[part] for scores in families.values()
@@ -134,6 +173,10 @@ def markdown_table(report: dict) -> str:
         for family, scores in families.items():
             lines.append(f"| {size} | {family} | {cell(scores['colours'])} | {cell(scores['position'])} | "
                          f"{cell(scores['shape'])} |")
+    for size, check in report.get("held_out_scenes", {}).items():
+        weak = "; ".join(f"{entry['caption']} ({entry['right']}/{entry['of']})" for entry in check["weak"]) or "none"
+        lines.append(f"\n{size}: {100 * check['holding']:.0f} % of {check['scenes']} held-out scenes hold "
+                     f"(≥ {100 * SCENE_HOLDS:.0f} % of seeds right); weak: {weak}")
     return "\n".join(lines)
 
 
@@ -166,13 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=trained_model_dir(), help="a saved Flux2KleinPipeline folder")
     parser.add_argument("--steps", type=int, default=RECOMMENDED_STEPS, help="num_inference_steps")
     parser.add_argument("--captions-per-family", type=int, default=60, help="held-out captions per family and size")
+    parser.add_argument("--seeds-per-scene", type=int, default=8,
+                        help="seeds per held-out scene for the per-scene check (0: skip it)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default: MODEL/evaluation.json)")
     parser.add_argument("--grid", type=Path, help="draw the example prompts at every size into this PNG instead")
     args = parser.parse_args(argv)
     if args.grid:
         draw_grid(args.model, args.grid)
         return
-    report = evaluate(args.model, args.steps, args.captions_per_family)
+    report = evaluate(args.model, args.steps, args.captions_per_family, args.seeds_per_scene)
     text = json.dumps(report, indent=2)
     print(text)
     print(markdown_table(report))
