@@ -472,10 +472,12 @@ def _keep_text_and_vae(pipe: Flux2KleinPipeline, source: Path) -> dict:
     pipe.tokenizer, pipe.text_encoder, pipe.vae = loaded.tokenizer, loaded.text_encoder.eval(), loaded.vae.eval()
     pipe.text_encoder.requires_grad_(False)
     earlier = _training_summary(source)
-    kept = {key: value for key, value in earlier.items() if key.startswith(("text_", "vae_"))}
-    return {"text_and_vae": {"from": str(source), **kept,
-                             "training_seconds": earlier.get("text_and_vae", {}).get("training_seconds",
-                                                                                     earlier.get("training_seconds"))}}
+    if "text_and_vae" in earlier:  # `source` kept them from a run before it: that run's record
+        kept = {key: value for key, value in earlier["text_and_vae"].items() if key != "from"}
+    else:
+        kept = {key: value for key, value in earlier.items() if key.startswith(("text_", "vae_"))}
+        kept["training_seconds"] = earlier.get("training_seconds")
+    return {"text_and_vae": {"from": str(source), **kept}}
 
 
 def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan) -> dict:
@@ -487,8 +489,11 @@ def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan
                          f"not rope_axes={plan.rope_axes!r}")
     pipe.transformer.load_state_dict(loaded.state_dict())
     earlier = _training_summary(source)
+    steps = earlier.get("plan", {}).get("transformer_steps")
+    if steps is not None and "transformer" in earlier:  # `source` itself trained on from another: count those too
+        steps += earlier["transformer"].get("steps") or 0
     return {"from": str(source), **{key: value for key, value in earlier.items() if key.startswith("transformer")},
-            "steps": earlier.get("plan", {}).get("transformer_steps")}
+            "steps": steps}
 
 
 def main(argv: list[str] | None = None) -> None:
