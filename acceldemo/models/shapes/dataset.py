@@ -28,7 +28,18 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .phrasing import COLOURS, FAMILIES, FAMILY_WEIGHTS, POSITIONS, SHAPES, Caption, asked_parts, caption, fill
+from .phrasing import (
+    CANONICAL_FAMILY,
+    COLOURS,
+    FAMILIES,
+    FAMILY_WEIGHTS,
+    POSITIONS,
+    SHAPES,
+    Caption,
+    asked_parts,
+    caption,
+    fill,
+)
 
 PALETTE: dict[str, tuple[int, int, int]] = dict(zip(COLOURS, (
     (220, 30, 30), (30, 170, 50), (30, 60, 220), (240, 220, 40), (245, 245, 245), (15, 15, 15),
@@ -60,6 +71,11 @@ class Scene:
     @property
     def parts(self) -> dict[str, str]:
         return {"shape": self.shape, "colour": self.colour, "background": self.background, "position": self.position}
+
+    @property
+    def template_caption(self) -> str:
+        """Its caption in the one template of the original model: "a red circle on a blue background, top left"."""
+        return fill(FAMILIES[CANONICAL_FAMILY][0], self.parts)
 
     @property
     def is_held_out(self) -> bool:

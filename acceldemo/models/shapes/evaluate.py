@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 from . import RECOMMENDED_MAX_SEQUENCE_LENGTH, RECOMMENDED_STEPS, SIZES, TRAINED_SIZES, trained_model_dir
 from .dataset import Scene, held_out_captions, held_out_scenes, images_as_tensor, render
 from .judge import judge
-from .phrasing import CANONICAL_FAMILY, EXAMPLE_PROMPTS, FAMILIES, Caption, fill
+from .phrasing import EXAMPLE_PROMPTS, FAMILIES, Caption
 
 # Targets on held-out captions, per size and family, over the captions that ask for the part.
 TARGETS = {"colours": 0.95, "position": 0.90, "shape": 0.90}
@@ -95,7 +95,7 @@ def scene_report(images: Sequence[Image.Image], scenes: Sequence[Scene]) -> dict
         right = sum(all(verdict[part] for part in TARGETS) for verdict in judged)
         if right < SCENE_HOLDS * len(judged):
             wrong = {part: sum(not verdict[part] for verdict in judged) for part in TARGETS}
-            weak.append({"caption": fill(FAMILIES[CANONICAL_FAMILY][0], scene.parts), "right": right,
+            weak.append({"caption": scene.template_caption, "right": right,
                          "of": len(judged), "wrong": {part: count for part, count in wrong.items() if count}})
     weak.sort(key=lambda entry: (entry["right"] / entry["of"], entry["caption"]))
     return {"scenes": len(verdicts), "holding": 1 - len(weak) / len(verdicts), "weak": weak}
@@ -104,7 +104,7 @@ def scene_report(images: Sequence[Image.Image], scenes: Sequence[Scene]) -> dict
 def held_out_scene_check(pipe: Flux2KleinPipeline, width: int, height: int, seeds: int, steps: int) -> dict:
     """Every held-out scene's template caption drawn `seeds` times at width×height, then `scene_report`."""
     scenes = held_out_scenes()
-    prompts = [fill(FAMILIES[CANONICAL_FAMILY][0], scene.parts) for scene in scenes]
+    prompts = [scene.template_caption for scene in scenes]
     images: list[Image.Image] = []
     for round_ in range(seeds):  # round r draws scene i from seed 1000 r + i
         images += generate(pipe, prompts, width, height, seed=1_000 * round_, steps=steps)
