@@ -59,6 +59,17 @@ def generate_and_watch(page, seed: int, timeout_s: float = 120) -> list[str]:
     raise AssertionError(f"no result within {timeout_s} s; saw {seen[-5:]}")
 
 
+def shown_size(page, expected: tuple[int, int], timeout_ms: int = 15_000) -> list[int]:
+    """The result image's natural size once the browser has loaded it (the facts can arrive first)."""
+    script = "([w, h]) => { const i = document.querySelector('#image img');" \
+             " return !!i && i.complete && i.naturalWidth === w && i.naturalHeight === h }"
+    try:
+        page.wait_for_function(script, arg=list(expected), timeout=timeout_ms)
+    except playwright.TimeoutError:
+        pass  # the assertion below names the size the browser did load
+    return page.locator("#image img").evaluate("img => [img.naturalWidth, img.naturalHeight]")
+
+
 def test_compile_progress_shows_on_the_first_visit_only(page):
     choose(page, "hardware", "cpu — found")
     choose(page, "mode", "compiled")
@@ -70,7 +81,7 @@ def test_compile_progress_shows_on_the_first_visit_only(page):
     assert not any("compiling" in text for text in second)
     assert "reused a compiled graph" in second[-1]
     image = page.locator("#image img")
-    assert image.count() == 1 and image.evaluate("img => img.naturalWidth") == 80
+    assert image.count() == 1 and shown_size(page, (80, 80)) == [80, 80]
     ARTIFACTS.mkdir(exist_ok=True)
     page.wait_for_timeout(2500)  # let the shapes panel refresh once
     assert "80x80" in page.locator("#shapes").inner_text()
@@ -131,7 +142,7 @@ def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
     page.locator("#steps input").fill("4")
     result = generate_and_watch(page, seed=22)
     assert "64x64" in result[-1] and "steps 4" in result[-1]
-    assert page.locator("#image img").evaluate("img => img.naturalWidth") == 64
+    assert shown_size(page, (64, 64)) == [64, 64]
     with urllib.request.urlopen(server + "/metrics", timeout=10) as response:
         assert 'acceldemo_requests_total{kind="generate",outcome="cancelled"}' in response.read().decode()
     page.locator("#stop").click()  # with nothing running
@@ -168,4 +179,4 @@ def test_an_example_picks_tiny_shapes_at_its_size_and_an_unknown_word_is_named(p
     page.locator("#prompt textarea").fill("a yellow square on a purple background, center")
     result = generate_and_watch(page, seed=41)
     assert "64x64" in result[-1] and "tiny-shapes does not know: purple — it knows red" in result[-1]
-    assert page.locator("#image img").evaluate("img => [img.naturalWidth, img.naturalHeight]") == [64, 64]
+    assert shown_size(page, (64, 64)) == [64, 64]
