@@ -343,8 +343,11 @@ def test_cli_tp_image_equals_the_device_image(tmp_path):
 
 
 APP = """
-import faulthandler, sys, time
+import faulthandler, signal, sys, time
 faulthandler.enable()  # a SIGABRT from the test shows where a hung exit waits
+# Ctrl-C as a terminal gives it, whoever runs the tests: a shell script's background job (`cmd &`) starts with SIGINT
+# ignored and passes that on, so the app would never see the signal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from acceldemo.config import Settings
 from acceldemo.executors.pool import PoolExecutor
 executor = PoolExecutor(Settings.from_env(), timeout_s=120)
