@@ -387,6 +387,31 @@ def test_training_on_from_a_transformer_with_other_rope_axes_is_refused(tmp_path
     assert not any(tmp_path.iterdir())
 
 
+def test_a_transformer_grown_by_new_blocks_computes_what_the_smaller_one_did(eager_pipe):
+    from acceldemo.models.shapes.architecture import build_transformer
+    from acceldemo.models.shapes.train import grow_transformer
+
+    smaller = eager_pipe.transformer
+    kinds = ("transformer_blocks", "single_transformer_blocks")
+    have = tuple(len(getattr(smaller, kind)) for kind in kinds)
+    grown = build_transformer(tuple(smaller.config.axes_dims_rope), (have[0] + 1, have[1] + 2))
+    grow_transformer(grown, smaller)
+    generator = torch.Generator().manual_seed(0)
+    image_ids = torch.cartesian_prod(*map(torch.arange, (1, 8, 16, 1))).unsqueeze(0)
+    text_ids = torch.cartesian_prod(*map(torch.arange, (1, 1, 1, 24))).unsqueeze(0)
+    inputs = dict(hidden_states=torch.randn(1, 128, smaller.config.in_channels, generator=generator),
+                  encoder_hidden_states=torch.randn(1, 24, smaller.config.joint_attention_dim, generator=generator),
+                  timestep=torch.tensor([0.6]), img_ids=image_ids, txt_ids=text_ids, return_dict=False)
+    with torch.no_grad():
+        wanted, got = smaller(**inputs)[0], grown(**inputs)[0]
+    assert wanted.abs().mean() > 0.1
+    torch.testing.assert_close(got, wanted, atol=1e-4, rtol=1e-4)
+    new_block = grown.single_transformer_blocks[have[1] + 1]
+    assert not new_block.attn.to_out.weight.any() and new_block.attn.to_qkv_mlp_proj.weight.any()
+    with pytest.raises(ValueError, match=rf"has {have[0]} transformer_blocks; the plan asks for {have[0] - 1}"):
+        grow_transformer(build_transformer(blocks=(have[0] - 1, have[1])), smaller)
+
+
 @pytest.mark.slow
 def test_training_on_from_a_saved_transformer_starts_from_its_weights(tmp_path):
     from acceldemo.models.shapes.train import TrainingPlan, train

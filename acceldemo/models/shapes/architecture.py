@@ -24,6 +24,7 @@ TEXT_OUT_LAYERS = (9, 18, 27)  # the pipeline's default text_encoder_out_layers
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 LATENT_CHANNELS = 8
 ROPE_AXES = (6, 6, 6, 6)  # the transformer's rotary dims per position axis (t, h, w, l), summing to the head dim
+TRANSFORMER_BLOCKS = (2, 4)  # the transformer's double-stream and single-stream block counts
 
 
 def _byte_level(text: str) -> str:
@@ -123,13 +124,15 @@ def build_vae() -> AutoencoderKLFlux2:
     )
 
 
-def build_transformer(axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Flux2Transformer2DModel:
+def build_transformer(
+    axes_dims_rope: tuple[int, ...] = ROPE_AXES, blocks: tuple[int, int] = TRANSFORMER_BLOCKS
+) -> Flux2Transformer2DModel:
     """`axes_dims_rope`: rotary dims per position axis (t, h, w, l), summing to the head dim; only h and w
-    vary on image tokens, only l on text tokens."""
+    vary on image tokens, only l on text tokens. `blocks`: (double-stream, single-stream) block counts."""
     return Flux2Transformer2DModel(
         in_channels=4 * LATENT_CHANNELS,
-        num_layers=2,
-        num_single_layers=4,
+        num_layers=blocks[0],
+        num_single_layers=blocks[1],
         attention_head_dim=24,
         num_attention_heads=4,
         joint_attention_dim=len(TEXT_OUT_LAYERS) * TEXT_HIDDEN_SIZE,
@@ -140,7 +143,9 @@ def build_transformer(axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Flux2Trans
     )
 
 
-def build_pipeline(seed: int, axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Flux2KleinPipeline:
+def build_pipeline(
+    seed: int, axes_dims_rope: tuple[int, ...] = ROPE_AXES, blocks: tuple[int, int] = TRANSFORMER_BLOCKS
+) -> Flux2KleinPipeline:
     """All components with fresh weights drawn from `seed`."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
@@ -149,6 +154,6 @@ def build_pipeline(seed: int, axes_dims_rope: tuple[int, ...] = ROPE_AXES) -> Fl
         vae=build_vae(),
         text_encoder=build_text_encoder(tokenizer),
         tokenizer=tokenizer,
-        transformer=build_transformer(axes_dims_rope),
+        transformer=build_transformer(axes_dims_rope, blocks),
         is_distilled=True,
     )

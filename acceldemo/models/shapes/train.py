@@ -42,7 +42,14 @@ from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2D
 from tqdm.auto import tqdm
 
 from . import TRAINED_SIZES as SIZES
-from .architecture import MAX_SEQUENCE_LENGTH, ROPE_AXES, TEXT_HIDDEN_SIZE, TEXT_OUT_LAYERS, build_pipeline
+from .architecture import (
+    MAX_SEQUENCE_LENGTH,
+    ROPE_AXES,
+    TEXT_HIDDEN_SIZE,
+    TEXT_OUT_LAYERS,
+    TRANSFORMER_BLOCKS,
+    build_pipeline,
+)
 from .dataset import images_as_tensor, render, scene_drawn_for, training_caption, training_scenes
 from .phrasing import COLOURS, POSITIONS, SHAPES, Caption
 
@@ -70,6 +77,9 @@ class TrainingPlan:
     warmup_steps: int = 100
     ema_decay: float = 0.999
     rope_axes: str = ",".join(map(str, ROPE_AXES))  # the transformer's rotary dims per position axis (t, h, w, l)
+    # The transformer's double-stream and single-stream block counts. A --transformer-from with fewer
+    # blocks is grown: its blocks keep their places and weights, each new one starts as the identity.
+    transformer_blocks: str = ",".join(map(str, TRANSFORMER_BLOCKS))
     size_schedule: str = "0,1,2,3"  # indices into SIZES: the transformer's batches take the sizes in this cycle
     checkpoint_every: int = 500  # transformer steps between saves of the EMA weights to --out (0: only at the end)
     # A saved pipeline whose tokenizer, text encoder and VAE to keep (phases 0 and 1 skipped); empty: train them.
@@ -80,6 +90,11 @@ class TrainingPlan:
     @property
     def axes_dims_rope(self) -> tuple[int, ...]:
         return tuple(int(part) for part in self.rope_axes.split(","))
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        double, single = (int(part) for part in self.transformer_blocks.split(","))
+        return double, single
 
     @property
     def size_cycle(self) -> list[int]:
@@ -426,7 +441,7 @@ def train(out: Path, plan: TrainingPlan) -> dict:
     torch.set_num_threads(1)
     started = time.monotonic()
     plan.size_cycle  # refuse a bad schedule before hours of training
-    pipe = build_pipeline(plan.seed, plan.axes_dims_rope)
+    pipe = build_pipeline(plan.seed, plan.axes_dims_rope, plan.blocks)
     rng = np.random.default_rng(plan.seed)
 
     if plan.text_and_vae_from:
@@ -480,6 +495,33 @@ def _keep_text_and_vae(pipe: Flux2KleinPipeline, source: Path) -> dict:
     return {"text_and_vae": {"from": str(source), **kept}}
 
 
+# The projections through which a block adds to the residual streams; all zero, the block passes its input on.
+_BLOCK_OUTPUTS = {
+    "transformer_blocks": ("attn.to_out.0", "attn.to_add_out", "ff.linear_out", "ff_context.linear_out"),
+    "single_transformer_blocks": ("attn.to_out",),
+}
+
+
+def grow_transformer(transformer: Flux2Transformer2DModel, smaller: Flux2Transformer2DModel) -> None:
+    """Load `smaller`'s weights into `transformer`, which has at least as many blocks of each kind: each
+    block keeps its place, and each block `smaller` lacks gets zero output projections, so that
+    `transformer` computes what `smaller` does (FLUX.2's modulation is shared by all blocks of a kind:
+    no per-block gate to zero) and training grows the new blocks from there."""
+    weights = smaller.state_dict()
+    for kind, outputs in _BLOCK_OUTPUTS.items():
+        have, want = len(getattr(smaller, kind)), len(getattr(transformer, kind))
+        if want < have:
+            raise ValueError(f"the transformer to train on from has {have} {kind}; the plan asks for {want}")
+        for index in range(have, want):
+            block = getattr(transformer, kind)[index]
+            for name in outputs:
+                for parameter_name, parameter in block.get_submodule(name).named_parameters():
+                    weights[f"{kind}.{index}.{name}.{parameter_name}"] = torch.zeros_like(parameter)
+    for name, value in transformer.state_dict().items():
+        weights.setdefault(name, value)  # the new blocks' other weights: as freshly drawn
+    transformer.load_state_dict(weights)
+
+
 def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan) -> dict:
     """Load the transformer saved at `source` into `pipe` to train on from; returns what its
     training_summary.json says of it (its plan and final loss)."""
@@ -487,7 +529,7 @@ def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan
     if tuple(loaded.config.axes_dims_rope) != plan.axes_dims_rope:
         raise ValueError(f"the transformer at {source} has rope axes {tuple(loaded.config.axes_dims_rope)}, "
                          f"not rope_axes={plan.rope_axes!r}")
-    pipe.transformer.load_state_dict(loaded.state_dict())
+    grow_transformer(pipe.transformer, loaded)
     earlier = _training_summary(source)
     steps = earlier.get("plan", {}).get("transformer_steps")
     if steps is not None and "transformer" in earlier:  # `source` itself trained on from another: count those too
