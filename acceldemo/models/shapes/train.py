@@ -73,6 +73,7 @@ class TrainingPlan:
     long_text_batch_size: int = 4
     long_text_every: int = 16  # every Nth batch uses the full 512 tokens
     transformer_learning_rate: float = 1e-3
+    transformer_weight_decay: float = 0.01  # AdamW's decoupled weight decay on the transformer
     transformer_shape_weight: float = 4.0  # loss weight of a token covered by the shape, relative to background
     warmup_steps: int = 100
     ema_decay: float = 0.999
@@ -392,7 +393,9 @@ def train_transformer(
     rng = random.Random(plan.seed + 2)
     scenes = training_scenes()
     scene_number = {scene: i for i, scene in enumerate(scenes)}
-    optimizer = torch.optim.AdamW(transformer.parameters(), lr=plan.transformer_learning_rate, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        transformer.parameters(), lr=plan.transformer_learning_rate, weight_decay=plan.transformer_weight_decay
+    )
     ema = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
     transformer.train()
     recent: list[float] = []
