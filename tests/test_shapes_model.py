@@ -377,6 +377,15 @@ def test_a_size_schedule_outside_the_trained_sizes_is_refused_before_training(tm
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("blocks", ["3", "3,0", "a,b", "2,4,1"])
+def test_a_bad_transformer_block_count_is_refused_before_training(tmp_path, blocks):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    with pytest.raises(ValueError, match=rf"transformer_blocks='{blocks}': two positive counts"):
+        train(tmp_path, TrainingPlan(transformer_blocks=blocks))
+    assert not any(tmp_path.iterdir())
+
+
 def test_training_on_from_a_transformer_with_other_rope_axes_is_refused(tmp_path):
     from acceldemo.models.shapes.train import TrainingPlan, train
 
@@ -425,3 +434,23 @@ def test_training_on_from_a_saved_transformer_starts_from_its_weights(tmp_path):
     before = Flux2KleinPipeline.from_pretrained(source).transformer.state_dict()
     after = Flux2KleinPipeline.from_pretrained(tmp_path).transformer.state_dict()
     assert max((after[name] - before[name]).abs().max().item() for name in before) < 1e-6
+
+
+@pytest.mark.slow
+def test_training_on_into_more_blocks_saves_a_grown_transformer_that_draws_what_the_smaller_did(tmp_path, eager_pipe):
+    from acceldemo.models.shapes.train import TrainingPlan, train
+
+    source = trained_model_dir()
+    double, single = len(eager_pipe.transformer.transformer_blocks), len(eager_pipe.transformer.single_transformer_blocks)
+    plan = TrainingPlan(latent_pool_per_scene=1, transformer_steps=2, long_text_every=2, warmup_steps=1,
+                        transformer_learning_rate=1e-12, transformer_blocks=f"{double + 1},{single + 1}",
+                        text_and_vae_from=str(source), transformer_from=str(source))
+    summary = train(tmp_path, plan)
+    assert summary["plan"]["transformer_blocks"] == f"{double + 1},{single + 1}"
+    grown = Flux2KleinPipeline.from_pretrained(tmp_path)
+    grown.set_progress_bar_config(disable=True)
+    assert (grown.transformer.config.num_layers, grown.transformer.config.num_single_layers) == (double + 1, single + 1)
+    prompts = ["a red circle on a blue background, top left", "a green square"]
+    for before, after in zip(_draw(eager_pipe, prompts), _draw(grown, prompts), strict=True):
+        difference = np.abs(np.asarray(before, dtype=int) - np.asarray(after, dtype=int))
+        assert difference.max() <= 2, difference.max()

@@ -94,8 +94,11 @@ class TrainingPlan:
 
     @property
     def blocks(self) -> tuple[int, int]:
-        double, single = (int(part) for part in self.transformer_blocks.split(","))
-        return double, single
+        parts = self.transformer_blocks.split(",")
+        if len(parts) != 2 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+            raise ValueError(f"transformer_blocks={self.transformer_blocks!r}: two positive counts, "
+                             "double-stream and single-stream blocks, comma-separated")
+        return int(parts[0]), int(parts[1])
 
     @property
     def size_cycle(self) -> list[int]:
@@ -443,7 +446,7 @@ def train_transformer(
 def train(out: Path, plan: TrainingPlan) -> dict:
     torch.set_num_threads(1)
     started = time.monotonic()
-    plan.size_cycle  # refuse a bad schedule before hours of training
+    plan.size_cycle, plan.blocks  # refuse a bad schedule or block count before hours of training
     pipe = build_pipeline(plan.seed, plan.axes_dims_rope, plan.blocks)
     rng = np.random.default_rng(plan.seed)
 
