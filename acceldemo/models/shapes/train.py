@@ -513,19 +513,17 @@ def grow_transformer(transformer: Flux2Transformer2DModel, smaller: Flux2Transfo
     block keeps its place, and each block `smaller` lacks gets zero output projections, so that
     `transformer` computes what `smaller` does (FLUX.2's modulation is shared by all blocks of a kind:
     no per-block gate to zero) and training grows the new blocks from there."""
-    weights = smaller.state_dict()
-    for kind, outputs in _BLOCK_OUTPUTS.items():
+    for kind in _BLOCK_OUTPUTS:
         have, want = len(getattr(smaller, kind)), len(getattr(transformer, kind))
         if want < have:
             raise ValueError(f"the transformer to train on from has {have} {kind}; the plan asks for {want}")
-        for index in range(have, want):
-            block = getattr(transformer, kind)[index]
+    # Strict: every weight of `smaller` must have its place; the new blocks' other weights stay as drawn.
+    transformer.load_state_dict({**transformer.state_dict(), **smaller.state_dict()})
+    for kind, outputs in _BLOCK_OUTPUTS.items():
+        for block in getattr(transformer, kind)[len(getattr(smaller, kind)):]:
             for name in outputs:
-                for parameter_name, parameter in block.get_submodule(name).named_parameters():
-                    weights[f"{kind}.{index}.{name}.{parameter_name}"] = torch.zeros_like(parameter)
-    for name, value in transformer.state_dict().items():
-        weights.setdefault(name, value)  # the new blocks' other weights: as freshly drawn
-    transformer.load_state_dict(weights)
+                for parameter in block.get_submodule(name).parameters():
+                    torch.nn.init.zeros_(parameter)
 
 
 def _keep_transformer(pipe: Flux2KleinPipeline, source: Path, plan: TrainingPlan) -> dict:
