@@ -22,6 +22,7 @@ from acceldemo.models.shapes import (
 from acceldemo.models.shapes.dataset import (
     COLOURS,
     PALETTE,
+    POSITION_CENTRES,
     POSITIONS,
     SHAPES,
     Scene,
@@ -105,6 +106,17 @@ def test_held_out_scenes_only_recombine_attribute_pairs_seen_in_training():
     assert len(all_scenes()) == len(SHAPES) * len(COLOURS) * (len(COLOURS) - 1) * len(POSITIONS)
     assert all(scene.is_held_out for scene in HELD_OUT)
     assert held_out_scenes() and all(pairs(scene) <= seen for scene in held_out_scenes())
+
+
+@pytest.mark.parametrize("size", TRAINED_SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
+def test_a_shape_is_22_pixels_across_at_every_size_and_placed_by_fractions_of_the_frame(size):
+    width, height = size
+    for position, (x, y) in POSITION_CENTRES.items():
+        pixels = np.asarray(render(Scene("square", "red", "blue", position), width, height))
+        rows, columns = np.nonzero(np.abs(pixels.astype(int) - PALETTE["red"]).sum(axis=2) < 60)
+        assert columns.max() - columns.min() + 1 == 22 and rows.max() - rows.min() + 1 == 22, (size, position)
+        assert abs((columns.min() + columns.max() + 1) / 2 - x * width) <= 0.5, (size, position)
+        assert abs((rows.min() + rows.max() + 1) / 2 - y * height) <= 0.5, (size, position)
 
 
 def test_every_family_has_held_out_captions_that_training_never_draws():

@@ -48,11 +48,12 @@ PALETTE: dict[str, tuple[int, int, int]] = dict(zip(COLOURS, (
 POSITION_CENTRES: dict[str, tuple[float, float]] = dict(zip(POSITIONS, (
     (0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75), (0.5, 0.5),
 ), strict=True))
-# Fractions of the frame's shorter side: half the side of the shape's bounding box, and the
-# ± jitter on that half side and on each coordinate of the centre (11 px and 1 px at 64 px).
-HALF_SIZE = 11 / 64
-SIZE_JITTER = 1 / 64
-CENTRE_JITTER = 1 / 64
+# Pixels, the same at every size: half the side of the shape's bounding box, and the ± jitter on
+# that half side and on each coordinate of the centre. A shape is 22 px across in every frame
+# (a quarter of the shorter side at 64 px); only where it is scales with the frame.
+HALF_SIZE = 11
+SIZE_JITTER = 1
+CENTRE_JITTER = 1
 HELD_OUT_MODULUS = 9
 HELD_OUT_TEXT_SHARE = 8  # one in this many canonical texts of a family is held out
 
@@ -183,14 +184,13 @@ def held_out_captions(family: str, count: int, seed: int = 0) -> list[Caption]:
 
 def render(scene: Scene, width: int = 64, height: int = 64, seed: int | None = None) -> Image.Image:
     """Draw a scene at width×height; seed=None draws it without jitter (exact size and centre)."""
-    side = min(width, height)
     centre_x, centre_y = POSITION_CENTRES[scene.position]
-    centre_x, centre_y, half = centre_x * width, centre_y * height, HALF_SIZE * side
+    centre_x, centre_y, half = centre_x * width, centre_y * height, HALF_SIZE
     if seed is not None:
         rng = np.random.default_rng(seed)
-        dx, dy = rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=2) * side
+        dx, dy = rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=2)
         centre_x, centre_y = centre_x + dx, centre_y + dy
-        half += rng.uniform(-SIZE_JITTER, SIZE_JITTER) * side
+        half += rng.uniform(-SIZE_JITTER, SIZE_JITTER)
 
     s = _SUPERSAMPLE
     canvas = Image.new("RGB", (width * s, height * s), PALETTE[scene.background])
