@@ -14,7 +14,11 @@ out. Held-out split, checked by the tests:
   and every pair of values still appears in training (the held-out scenes test composition);
 - a caption that leaves a part out is held out when its canonical text (template filled with
   canonical words) is among the 1/8 of its family's canonical texts with the lowest CRC-32:
-  training never uses it in any spelling, letter case or punctuation.
+  training never uses it in any spelling, letter case or punctuation;
+- training never draws a held-out scene, so a partial caption whose completion by the defaults
+  is a held-out scene is not trained on either. It is not paired with another completion: that
+  taught the model an exception exactly at the held-out scenes ("a black circle on red" at top
+  left because the centre one is held out), which then drew "…, center" in the top left.
 """
 from __future__ import annotations
 
@@ -107,8 +111,9 @@ def held_out_scenes() -> list[Scene]:
 
 
 # What the model draws for a part a caption leaves out: the first choice here that makes a
-# training scene. One fixed picture per caption, not a random one: a few-step sampler trained
-# on random completions draws their average, a blur of every position and background at once.
+# scene (the two colours differ), whether or not that scene is held out. One fixed picture per
+# caption, not a random one: a few-step sampler trained on random completions draws their
+# average, a blur of every position and background at once.
 DEFAULTS: dict[str, tuple[str, ...]] = {
     "position": ("center", *(position for position in POSITIONS if position != "center")),
     "background": ("black", "white", *(colour for colour in COLOURS if colour not in ("black", "white"))),
@@ -119,12 +124,12 @@ DEFAULTS: dict[str, tuple[str, ...]] = {
 @cache
 def _scene_drawn_for(parts: tuple[tuple[str, str], ...]) -> Scene:
     asked = dict(parts)
-    fitting = [scene for scene in training_scenes() if all(scene.parts[part] == asked[part] for part in asked)]
+    fitting = [scene for scene in all_scenes() if all(scene.parts[part] == asked[part] for part in asked)]
     return min(fitting, key=lambda scene: [DEFAULTS[part].index(scene.parts[part]) for part in DEFAULTS])
 
 
 def scene_drawn_for(caption_: Caption) -> Scene:
-    """The training scene a caption is paired with: what it asks for, completed by `DEFAULTS`."""
+    """The scene a caption is paired with: what it asks for, completed by `DEFAULTS`."""
     return _scene_drawn_for(tuple(sorted(caption_.parts.items())))
 
 
@@ -159,12 +164,17 @@ def is_held_out(caption_: Caption) -> bool:
     return caption_.canonical_text in held_out_texts(caption_.family)
 
 
+def is_trained_on(caption_: Caption) -> bool:
+    """Whether training may use this caption: it is not held out, nor is the scene it is paired with."""
+    return not is_held_out(caption_) and not scene_drawn_for(caption_).is_held_out
+
+
 def training_caption(scene: Scene, rng: random.Random) -> Caption:
-    """A caption for a training scene in a random family and phrasing, never a held-out one."""
+    """A caption for a training scene in a random family and phrasing that training may use."""
     families, weights = zip(*FAMILY_WEIGHTS.items())
     while True:
         drawn = caption(rng.choices(families, weights)[0], scene.parts, rng)
-        if not is_held_out(drawn):
+        if is_trained_on(drawn):
             return drawn
 
 
