@@ -23,6 +23,7 @@ from acceldemo.errors import (Cancelled, CapacityExceeded, DeviceBusy, Generatio
 from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.loading import model_availability
 from acceldemo.models.shapes import SIZES as SHAPES_SIZES, TRAINED_SIZES as TRAINED_SHAPES_SIZES
+from acceldemo.models.shapes.judge import judge
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
@@ -175,6 +176,13 @@ def test_tiny_shapes_lists_and_accepts_only_its_sizes_and_names_unknown_words(cl
     facts = answer.acceldemo[0]
     assert facts["unknown_words"] == ["purple", "sparkly"]
     assert facts["note"].startswith("tiny-shapes does not know: purple, sparkly — it knows red, green, blue")
+    for width, height in SHAPES_SIZES[1:]:  # every other served size draws what is asked, where it is asked
+        answer = client.images.generate(model="tiny-shapes", prompt="a red square on a blue background, top left",
+                                        size=f"{width}x{height}", extra_body={"mode": "eager", "seed": 0})
+        drawn = Image.fromarray(pixels(answer.data[0].b64_json))
+        assert drawn.size == (width, height)
+        read = judge(drawn)
+        assert (read.colour, read.background, read.position) == ("red", "blue", "top left"), (width, height, read)
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ _WEIGHTS = Path(__file__).resolve().parent / "weights"
 # (width, height) it was trained and evaluated at; positions and the shape's size are relative to
 # the frame, and each size is its own static shape for compiled modes.
 TRAINED_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (128, 64), (64, 128))
-# The sizes it is served at, the default first: those where it draws shapes right (MODEL_CARD.md, Evaluation;
-# at the others squares come out as blobs).
-SIZES: tuple[tuple[int, int], ...] = ((64, 64),)
+# The sizes it is served at, the default first: those where it draws shapes right (MODEL_CARD.md, Evaluation):
+# every size it was trained at.
+SIZES: tuple[tuple[int, int], ...] = TRAINED_SIZES
 
 # FLUX.2-klein is step-distilled: the pipeline ignores guidance_scale (is_distilled=True).
 RECOMMENDED_STEPS = 4

@@ -24,7 +24,7 @@ TEXT_OUT_LAYERS = (9, 18, 27)  # the pipeline's default text_encoder_out_layers
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 LATENT_CHANNELS = 8
 ROPE_AXES = (6, 6, 6, 6)  # the transformer's rotary dims per position axis (t, h, w, l), summing to the head dim
-TRANSFORMER_BLOCKS = (2, 4)  # the transformer's double-stream and single-stream block counts
+TRANSFORMER_BLOCKS = (3, 6)  # the transformer's double-stream and single-stream block counts
 
 
 def _byte_level(text: str) -> str:
