@@ -5,8 +5,8 @@ from pathlib import Path
 
 _WEIGHTS = Path(__file__).resolve().parent / "weights"
 
-# (width, height) it was trained and evaluated at; positions and the shape's size are relative to
-# the frame, and each size is its own static shape for compiled modes.
+# (width, height) it was trained and evaluated at; positions are relative to the frame, the shape is
+# 22 px across at every size, and each size is its own static shape for compiled modes.
 TRAINED_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (128, 64), (64, 128))
 # The sizes it is served at, the default first: those where it draws shapes right (MODEL_CARD.md, Evaluation):
 # every size it was trained at.

@@ -3,8 +3,8 @@
 A scene is shape × shape colour × background colour × position (the two colours differ):
 3 × 6 × 5 × 5 = 450 scenes. Positions are fractions of the frame; the shape is 22 pixels
 across at every size (64×64, 128×128, 128×64 and 64×128), so it covers the same few latent
-tokens everywhere. Each drawing jitters the size and the centre a little from a seeded generator, so the
-same (scene, size, seed) always gives the same RGB image.
+tokens everywhere. Each drawing jitters the size and the centre a little from a seeded
+generator, so the same (scene, size, seed) always gives the same RGB image.
 
 Captions come in phrasing families (`phrasing.py`); a caption may leave parts of its scene
 out. Held-out split, checked by the tests:

@@ -14,9 +14,9 @@ Four phases, all seeded:
    patchified, batch-norm-normalised latents x0, noise e, x_t = (1 - s) x0 + s e, target
    e - x0, timestep s (the pipeline passes scheduler timestep / 1000 = s). Each batch is one
    size, the sizes in turn; each image gets a fresh caption in a random phrasing family
-   (never a held-out one), encoded by the now frozen text encoder on the spot, paired with a
-   drawing of the scene it asks for, completed by the defaults where it leaves parts out
-   (`dataset.scene_drawn_for`). Text is cut to a random length
+   (never a held-out one, nor one whose completed scene is held out: `dataset.is_trained_on`),
+   encoded by the now frozen text encoder on the spot, paired with a drawing of the scene it
+   asks for, completed by the defaults where it leaves parts out (`dataset.scene_drawn_for`). Text is cut to a random length
    per batch (an exact cut: the encoder is causal and pads on the right), so the model
    serves any max_sequence_length from the prompt's length up to 512.
 
