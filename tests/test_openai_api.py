@@ -23,11 +23,11 @@ from acceldemo.errors import (Cancelled, CapacityExceeded, DeviceBusy, Generatio
 from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.loading import model_availability
 from acceldemo.models.shapes import SIZES as SHAPES_SIZES, TRAINED_SIZES as TRAINED_SHAPES_SIZES
-from acceldemo.models.shapes.judge import judge
 from acceldemo.records import GenerateRequest, Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
 from tests.engines import DeviceHolder, free_port, serving
+from training.shapes.judge import judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

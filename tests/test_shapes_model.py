@@ -19,7 +19,17 @@ from acceldemo.models.shapes import (
     TRAINED_SIZES,
     trained_model_dir,
 )
-from acceldemo.models.shapes.dataset import (
+from acceldemo.models.shapes.phrasing import (
+    CANONICAL_WORD,
+    EXAMPLE_PROMPTS,
+    FAMILIES,
+    VOCABULARY,
+    Caption,
+    caption,
+    words,
+)
+from acceldemo.records import Shape
+from training.shapes.dataset import (
     COLOURS,
     PALETTE,
     POSITION_CENTRES,
@@ -36,17 +46,7 @@ from acceldemo.models.shapes.dataset import (
     training_caption,
     training_scenes,
 )
-from acceldemo.models.shapes.judge import judge
-from acceldemo.records import Shape
-from acceldemo.models.shapes.phrasing import (
-    CANONICAL_WORD,
-    EXAMPLE_PROMPTS,
-    FAMILIES,
-    VOCABULARY,
-    Caption,
-    caption,
-    words,
-)
+from training.shapes.judge import judge
 
 SHAPES_MODEL = get_model("tiny-shapes")
 # Held-out scenes: no training caption names all four of their parts.
@@ -196,7 +196,7 @@ def test_judge_accepts_any_value_for_a_part_the_caption_leaves_out_but_wants_a_s
 
 
 def test_the_scene_check_names_a_held_out_scene_drawn_wrong_for_half_its_seeds():
-    from acceldemo.models.shapes.evaluate import scene_report
+    from training.shapes.evaluate import scene_report
 
     moved = Scene(HELD_OUT[0].shape, HELD_OUT[0].colour, HELD_OUT[0].background, "top left")
     drawn = [(scene, scene) for scene in HELD_OUT for _ in range(4)]
@@ -208,7 +208,7 @@ def test_the_scene_check_names_a_held_out_scene_drawn_wrong_for_half_its_seeds()
 
 
 def test_the_evaluation_scores_every_size_and_family_and_checks_each_held_out_scene(tmp_path):
-    from acceldemo.models.shapes.evaluate import main
+    from training.shapes.evaluate import main
 
     out = tmp_path / "evaluation.json"
     main(["--captions-per-family", "1", "--seeds-per-scene", "1", "--json", str(out)])
@@ -344,7 +344,7 @@ def test_the_text_encoder_gives_every_phrasing_of_a_caption_the_same_conditionin
 
 
 def test_the_training_recipe_runs_end_to_end_and_saves_a_loadable_pipeline(tmp_path):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     plan = TrainingPlan(vae_steps=2, latent_pool_per_scene=1, text_steps=2, transformer_steps=2, long_text_every=2)
     summary = train(tmp_path, plan)
@@ -359,7 +359,7 @@ def test_the_training_recipe_runs_end_to_end_and_saves_a_loadable_pipeline(tmp_p
 def test_retraining_only_the_transformer_keeps_the_text_encoder_and_vae_and_checkpoints_as_it_goes(tmp_path):
     from safetensors.torch import load_file
 
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     source = trained_model_dir()
     plan = TrainingPlan(latent_pool_per_scene=1, transformer_steps=3, long_text_every=2, rope_axes="2,10,10,2",
@@ -380,7 +380,7 @@ def test_retraining_only_the_transformer_keeps_the_text_encoder_and_vae_and_chec
 
 
 def test_a_checkpoint_is_a_loadable_pipeline_that_says_its_step(tmp_path):
-    from acceldemo.models.shapes.train import _save_checkpoint
+    from training.shapes.train import _save_checkpoint
 
     pipe = Flux2KleinPipeline.from_pretrained(trained_model_dir())
     pipe.save_pretrained(tmp_path)
@@ -393,7 +393,7 @@ def test_a_checkpoint_is_a_loadable_pipeline_that_says_its_step(tmp_path):
 
 
 def test_a_size_schedule_outside_the_trained_sizes_is_refused_before_training(tmp_path):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     with pytest.raises(ValueError, match=r"size_schedule='0,4'.*indices into 4 sizes"):
         train(tmp_path, TrainingPlan(size_schedule="0,4"))
@@ -402,7 +402,7 @@ def test_a_size_schedule_outside_the_trained_sizes_is_refused_before_training(tm
 
 @pytest.mark.parametrize("blocks", ["3", "3,0", "a,b", "2,4,1"])
 def test_a_bad_transformer_block_count_is_refused_before_training(tmp_path, blocks):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     with pytest.raises(ValueError, match=rf"transformer_blocks='{blocks}': two positive counts"):
         train(tmp_path, TrainingPlan(transformer_blocks=blocks))
@@ -410,7 +410,7 @@ def test_a_bad_transformer_block_count_is_refused_before_training(tmp_path, bloc
 
 
 def test_training_on_from_a_transformer_with_other_rope_axes_is_refused(tmp_path):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     plan = TrainingPlan(rope_axes="2,10,10,2", transformer_from=str(trained_model_dir()),
                         text_and_vae_from=str(trained_model_dir()))
@@ -420,8 +420,8 @@ def test_training_on_from_a_transformer_with_other_rope_axes_is_refused(tmp_path
 
 
 def test_a_transformer_grown_by_new_blocks_computes_what_the_smaller_one_did(eager_pipe):
-    from acceldemo.models.shapes.architecture import build_transformer
-    from acceldemo.models.shapes.train import grow_transformer
+    from training.shapes.architecture import build_transformer
+    from training.shapes.train import grow_transformer
 
     smaller = eager_pipe.transformer
     kinds = ("transformer_blocks", "single_transformer_blocks")
@@ -446,7 +446,7 @@ def test_a_transformer_grown_by_new_blocks_computes_what_the_smaller_one_did(eag
 
 @pytest.mark.slow
 def test_training_on_from_a_saved_transformer_starts_from_its_weights(tmp_path):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     source = trained_model_dir()
     plan = TrainingPlan(latent_pool_per_scene=1, transformer_steps=2, long_text_every=2, warmup_steps=1,
@@ -461,7 +461,7 @@ def test_training_on_from_a_saved_transformer_starts_from_its_weights(tmp_path):
 
 @pytest.mark.slow
 def test_training_on_into_more_blocks_saves_a_grown_transformer_that_draws_what_the_smaller_did(tmp_path, eager_pipe):
-    from acceldemo.models.shapes.train import TrainingPlan, train
+    from training.shapes.train import TrainingPlan, train
 
     source = trained_model_dir()
     double, single = len(eager_pipe.transformer.transformer_blocks), len(eager_pipe.transformer.single_transformer_blocks)

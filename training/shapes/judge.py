@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from acceldemo.models.shapes.phrasing import Caption
+
 from .dataset import PALETTE, POSITION_CENTRES, Scene
-from .phrasing import Caption
 
 FAR_FROM_BACKGROUND = 80.0  # about half the smallest distance between two palette colours
 COLOUR_TOLERANCE = 80.0

@@ -10,8 +10,8 @@ from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2D
 from tokenizers import AddedToken, models, pre_tokenizers
 from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from ..tiny import QWEN3_CHAT_TEMPLATE, flux2_scheduler
-from .phrasing import CANONICAL_WORD, VOCABULARY
+from acceldemo.models.shapes.phrasing import CANONICAL_WORD, VOCABULARY
+from acceldemo.models.tiny import QWEN3_CHAT_TEMPLATE, flux2_scheduler
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 # Qwen's pre-tokenizer keeps at most one non-letter character in front of a word (" red", "-left",

@@ -1,4 +1,4 @@
-"""Score the shapes model on held-out captions at every size: `python -m acceldemo.models.shapes.evaluate --model DIR`.
+"""Score the shapes model on held-out captions at every size: `python -m training.shapes.evaluate --model DIR`.
 
 Four checks, each judged by `judge.py` at each supported size:
 - ground truth: the held-out scenes drawn by `dataset.render` (checks the judge itself);
@@ -23,10 +23,17 @@ import torch
 from diffusers import Flux2KleinPipeline
 from PIL import Image, ImageDraw
 
-from . import RECOMMENDED_MAX_SEQUENCE_LENGTH, RECOMMENDED_STEPS, SIZES, TRAINED_SIZES, trained_model_dir
+from acceldemo.models.shapes import (
+    RECOMMENDED_MAX_SEQUENCE_LENGTH,
+    RECOMMENDED_STEPS,
+    SIZES,
+    TRAINED_SIZES,
+    trained_model_dir,
+)
+from acceldemo.models.shapes.phrasing import EXAMPLE_PROMPTS, FAMILIES, Caption
+
 from .dataset import Scene, held_out_captions, held_out_scenes, images_as_tensor, render
 from .judge import judge
-from .phrasing import EXAMPLE_PROMPTS, FAMILIES, Caption
 
 # Targets on held-out captions, per size and family, over the captions that ask for the part.
 TARGETS = {"colours": 0.95, "position": 0.90, "shape": 0.90}

@@ -1,4 +1,4 @@
-"""Train the tiny FLUX.2-klein shapes model on one CPU thread: `python -m acceldemo.models.shapes.train --out DIR`.
+"""Train the tiny FLUX.2-klein shapes model on one CPU thread: `python -m training.shapes.train --out DIR`.
 
 Four phases, all seeded:
 0. the text encoder learns to read captions: at every token from the end of the caption on
@@ -41,7 +41,9 @@ import torch
 from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
 from tqdm.auto import tqdm
 
-from . import TRAINED_SIZES as SIZES
+from acceldemo.models.shapes import TRAINED_SIZES as SIZES
+from acceldemo.models.shapes.phrasing import COLOURS, POSITIONS, SHAPES, Caption
+
 from .architecture import (
     MAX_SEQUENCE_LENGTH,
     ROPE_AXES,
@@ -51,7 +53,6 @@ from .architecture import (
     build_pipeline,
 )
 from .dataset import images_as_tensor, render, scene_drawn_for, training_caption, training_scenes
-from .phrasing import COLOURS, POSITIONS, SHAPES, Caption
 
 
 @dataclass(frozen=True)

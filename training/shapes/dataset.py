@@ -6,7 +6,7 @@ across at every size (64×64, 128×128, 128×64 and 64×128), so it covers the s
 tokens everywhere. Each drawing jitters the size and the centre a little from a seeded
 generator, so the same (scene, size, seed) always gives the same RGB image.
 
-Captions come in phrasing families (`phrasing.py`); a caption may leave parts of its scene
+Captions come in phrasing families (`acceldemo.models.shapes.phrasing`); a caption may leave parts of its scene
 out. Held-out split, checked by the tests:
 - a scene is held out when ``(shape + colour + background + position) % 9 == 0`` on the
   indices of the word tuples: 60 of 450. Training never draws them, so the captions that
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .phrasing import (
+from acceldemo.models.shapes.phrasing import (
     CANONICAL_FAMILY,
     COLOURS,
     FAMILIES,
