@@ -68,3 +68,21 @@ def test_lower_layers_never_import_upper_ones():
                 if target[0] == "acceldemo" and len(target) > 1 and target[1] in forbidden:
                     wrong.append(f"{path.relative_to(PACKAGE)} imports {'.'.join(target)}")
     assert wrong == []
+
+
+def test_nothing_in_the_runtime_package_imports_the_training_code():
+    # training/ builds and scores the embedded models from the runtime; the app must run without it.
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module]
+            else:
+                continue
+            wrong += [f"{path.relative_to(PACKAGE)} imports {module}" for module in modules
+                      if module.split(".")[0] == "training"]
+    assert wrong == []
+    moved = ("train.py", "dataset.py", "evaluate.py", "judge.py", "architecture.py")
+    assert [name for name in moved if (PACKAGE / "models" / "shapes" / name).exists()] == []
