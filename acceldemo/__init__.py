@@ -1,4 +1,5 @@
-"""acceldemo: diffusers text-to-image on Trainium, TPU, CUDA and CPU, with compile caches made visible."""
-from .config import Settings, apply_environment
+"""acceldemo: diffusers text-to-image on Trainium, TPU, CUDA and CPU, with compile caches made visible.
 
-apply_environment(Settings.from_env())
+Importing it changes nothing in the process: entry points (app.py, the CLI, a pool's worker) build their `Settings`
+once and call `acceldemo.hardware.prepare_process` before torch loads.
+"""

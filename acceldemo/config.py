@@ -1,16 +1,13 @@
-"""Every operator setting (each an ACCELDEMO_* variable, read here and nowhere else), and the environment set
-before torch loads."""
+"""Every operator setting (each an ACCELDEMO_* variable, read here and nowhere else), built once by an entry point
+and passed down; and what the app hands the worker processes it starts."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-log = logging.getLogger("acceldemo")
 
 # Handed by the app to the worker processes it starts (never on their command line): the pool's secret, the app's
 # pid (ranks leave when it is gone) and the app's settings, so both sides of a pool read the same limits.
@@ -154,25 +151,6 @@ def per_hardware(name: str, value: str | None) -> dict[str, int]:
     return counts
 
 
-_current: Settings | None = None
-
-
-def settings() -> Settings:
-    """This process's settings: read from the environment once, or the ones `use` installed (a pool's ranks get
-    the app's)."""
-    global _current
-    if _current is None:
-        _current = Settings.from_env()
-    return _current
-
-
-def use(chosen: Settings) -> Settings:
-    """Make `chosen` this process's settings; returns the ones it replaces."""
-    global _current
-    before, _current = settings(), chosen
-    return before
-
-
 @dataclass(frozen=True)
 class PoolLaunch:
     """What the app hands every rank of a pool it starts: the channel's secret, its own pid, its settings."""
@@ -194,20 +172,3 @@ class PoolLaunch:
         given = os.environ.pop(POOL_SETTINGS_VARIABLE, "")
         return PoolLaunch(authkey, int(app_pid) if app_pid else None,
                           Settings.from_json(given) if given else Settings.from_env())
-
-
-def apply_environment(chosen: Settings) -> None:
-    """Point every compiler cache at the app cache dir and keep a broken backend from aborting torch.
-
-    Must run before the first `import torch`: torch_neuronx reads its NEFF cache dir when autoloaded.
-    An operator's own setting of any variable wins.
-    """
-    from .hardware import HARDWARE
-    from .hardware.tpu import tpu_autoload_would_abort
-
-    for hardware in HARDWARE.values():
-        for variable, folder in hardware.cache_env.items():
-            os.environ.setdefault(variable, str(chosen.cache_dir / folder))
-    if tpu_autoload_would_abort():
-        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-        log.warning("torch_tpu is installed without libtpu: backend autoload turned off so torch can load")

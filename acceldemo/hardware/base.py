@@ -14,10 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import settings
-from ..records import DeviceSet
+from ..config import Settings
+from ..records import COMPILED_MODES, DeviceSet, Mode
 
 GiB = 1024**3
+# Probe answers of this process, by adapter class and probe (see Hardware._probe).
+_PROBED: dict[tuple[type, str], "Availability"] = {}
+_PROBING: dict[tuple[type, str], threading.Lock] = {}
+_PROBED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -45,25 +49,24 @@ class Device:
         return f"{self.hardware}:{self.index}"
 
 
-# Modes that compile the transformer (every hardware offers both); the eager modes are each adapter's own.
-COMPILED_MODES = ("compiled", "regional")
 # What each mode means, for the notes beside the mode selector; an adapter with a mode of its own adds its note.
 MODE_NOTES = {
-    "eager": "each op runs as it is issued",
-    "compiled": "whole transformer compiled per static shape (fullgraph, dynamic=False)",
-    "regional": "the repeated transformer block compiled once and reused (compile_repeated_blocks)",
+    Mode.EAGER: "each op runs as it is issued",
+    Mode.COMPILED: "whole transformer compiled per static shape (fullgraph, dynamic=False)",
+    Mode.REGIONAL: "the repeated transformer block compiled once and reused (compile_repeated_blocks)",
 }
 
 
 class Hardware:
-    """One accelerator kind. Subclasses declare class attributes and override only what differs."""
+    """One accelerator kind. Subclasses declare class attributes and override only what differs; an instance
+    answers for one host under one `Settings` (a registry of them: `HardwareRegistry`)."""
 
     name: ClassVar[str]
     device: ClassVar[str]
     # Which hardware a request that names none gets: the highest found wins (cpu, always found, is 0).
     preference: ClassVar[int] = 0
-    eager_modes: ClassVar[tuple[str, ...]] = ("eager",)
-    mode_notes: ClassVar[Mapping[str, str]] = MODE_NOTES
+    eager_modes: ClassVar[tuple[Mode, ...]] = (Mode.EAGER,)
+    mode_notes: ClassVar[Mapping[Mode, str]] = MODE_NOTES
     compile_backend: ClassVar[str]
     dist_backend: ClassVar[str]
     mesh_device_type: ClassVar[str]
@@ -79,13 +82,18 @@ class Hardware:
     # process is pinned otherwise.
     visible_devices_env: ClassVar[str | None] = None
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self._detected: Availability | None = None
         self._lock = threading.Lock()
 
+    @classmethod
+    def offered_modes(cls) -> tuple[Mode, ...]:
+        return (*cls.eager_modes, *COMPILED_MODES)
+
     @property
-    def modes(self) -> tuple[str, ...]:
-        return self.eager_modes + COMPILED_MODES
+    def modes(self) -> tuple[Mode, ...]:
+        return self.offered_modes()
 
     def detect(self) -> Availability:
         """Is it here? Probed once, in a child process, so an aborting backend cannot take us down."""
@@ -95,7 +103,7 @@ class Hardware:
             return self._detected
 
     def _with_memory_override(self, found: Availability) -> Availability:
-        override = settings().device_memory_gb.get(self.name)
+        override = self.settings.device_memory_gb.get(self.name)
         if not found.available or not override:
             return found
         return dataclasses.replace(found, memory_bytes=int(override * GiB))
@@ -139,7 +147,21 @@ class Hardware:
     probe_code: ClassVar[str] = ""
 
     def _probe(self) -> Availability:
-        limit = settings().probe_timeout_s
+        """The probe's answer: asked once per process (a child process each time would cost seconds per engine), for
+        the host's hardware does not change under a running process. A probe that timed out is asked again."""
+        key = (type(self), self.probe_code)
+        with _PROBED_LOCK:
+            lock = _PROBING.setdefault(key, threading.Lock())
+        with lock:  # one probe of each kind at a time; probes of different hardware run side by side
+            known = _PROBED.get(key)
+            if known is None:
+                known = self._run_probe()
+                if not known.reason.startswith(f"probing {self.name} did not finish"):
+                    _PROBED[key] = known
+            return known
+
+    def _run_probe(self) -> Availability:
+        limit = self.settings.probe_timeout_s
         try:
             done = subprocess.run(
                 [sys.executable, "-c", self.probe_code], capture_output=True, text=True,
@@ -162,7 +184,7 @@ class Hardware:
         if self.package and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
             importlib.import_module(self.package)
 
-    def mode_context(self, mode: str) -> contextlib.AbstractContextManager:
+    def mode_context(self, mode: Mode) -> contextlib.AbstractContextManager:
         """Process state a mode needs while a pipeline of that mode runs (TPU's eager flavours)."""
         return contextlib.nullcontext()
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import settings
+from ..config import Settings
 from ..records import DeviceSet
 from .base import Availability, Device, GiB, Hardware
 
@@ -18,16 +18,16 @@ class CpuHardware(Hardware):
 
     @property
     def compile_backend(self) -> str:  # type: ignore[override]
-        return settings().cpu_compile_backend
+        return self.settings.cpu_compile_backend
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
         # The cores this process may use when it first looked: a worker pinned to some of them later still splits
         # the CPU into the same devices as the app that started it.
         self._cores = _usable_cores()
 
     def detect(self) -> Availability:
-        # Cheap, and the device count follows the settings of the moment (tests, a bench section): never cached.
+        # Cheap: no child process.
         return self._with_memory_override(self._precheck())
 
     def _precheck(self) -> Availability:
@@ -38,7 +38,7 @@ class CpuHardware(Hardware):
     def _groups(self) -> list[list[int]]:
         """The CPU's devices: its cores split into as many contiguous groups as the operator asked for (the CPU's
         replicas, or ACCELDEMO_CPU_DEVICES), the first groups one core larger when they do not divide evenly."""
-        chosen = settings()
+        chosen = self.settings
         count = min(chosen.cpu_devices or chosen.replicas_of(self.name) or 1, len(self._cores))
         size, extra = divmod(len(self._cores), count)
         groups, start = [], 0

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from ..errors import HardwareUnavailable, UnsupportedCombination
-from ..records import DeviceSet
+from ..records import DeviceSet, Mode
 from .base import MODE_NOTES, Availability, Hardware, probe_script
 
-EAGER_MODE_NAMES = {"eager": "DEFER_NEVER", "eager-fused": "DEFER_AND_FUSE"}
+EAGER_MODE_NAMES = {Mode.EAGER: "DEFER_NEVER", Mode.EAGER_FUSED: "DEFER_AND_FUSE"}
 # Processes per host that torch-tpu's launcher accepts, by the generation torch.tpu names: set_tpu_launch_env looks
 # the count up in its generation's topology table and raises ("No TPU topology found for count: 2") for any other.
 TENSOR_PARALLEL_SIZES = {
@@ -32,9 +32,9 @@ class TpuHardware(Hardware):
     name = "tpu"
     device = "tpu"
     preference = 2
-    eager_modes = ("eager", "eager-fused")
+    eager_modes = (Mode.EAGER, Mode.EAGER_FUSED)
     mode_notes = {**MODE_NOTES,
-                  "eager-fused": "TorchTPU defers ops and fuses them into larger graphs (EagerMode.DEFER_AND_FUSE)"}
+                  Mode.EAGER_FUSED: "TorchTPU defers ops and fuses them into larger graphs (EagerMode.DEFER_AND_FUSE)"}
     compile_backend = "tpu"
     dist_backend = "tpu_dist"
     mesh_device_type = "tpu"
@@ -79,7 +79,7 @@ return {{'available': True, 'reason': f'{{n}} x {{chip.name}}', 'device_count': 
         if accelerator is None or accelerator.type != "tpu":
             raise HardwareUnavailable(self.name, "torch_tpu's loader (its torch.backends entry point) found no TPU chip")
 
-    def mode_context(self, mode: str) -> contextlib.AbstractContextManager:
+    def mode_context(self, mode: Mode) -> contextlib.AbstractContextManager:
         import torch
 
         return torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, EAGER_MODE_NAMES.get(mode, "DEFER_NEVER")))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import settings
 from ..errors import UnknownName
 from ..records import Shape
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
@@ -55,6 +54,9 @@ class ModelSpec:
     # for a person (what a "does not know" note ends with).
     vocabulary: tuple[str, ...] = ()
     vocabulary_summary: str = ""
+
+    def __repr__(self) -> str:
+        return f"ModelSpec({self.name!r})"
 
     @property
     def weight_bytes(self) -> int:
@@ -157,9 +159,9 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
 )}
 
-def get_model(name: str | None) -> ModelSpec:
-    """The catalog entry called `name` (the operator's default model for None); unknown names list the known ones."""
+def get_model(name: object) -> ModelSpec:
+    """The catalog entry called `name`; unknown names are answered with the known ones."""
     try:
-        return CATALOG[name or settings().default_model]
+        return CATALOG[name]  # type: ignore[index]
     except (KeyError, TypeError):
         raise UnknownName("model", name, CATALOG) from None
