@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import Enum
 
 
 class AcceldemoError(Exception):
@@ -17,6 +18,8 @@ class InvalidRequest(AcceldemoError):
         self.field = field
         self.value = value
         self.accepted = accepted
+        if isinstance(value, Enum):  # a name as a person writes it
+            value = value.value
         shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:57] + "...")
         super().__init__(f"{field}={shown} is not accepted: {accepted}")
 
@@ -58,12 +61,20 @@ class CapacityExceeded(AcceldemoError):
 
 
 class QueueFull(CapacityExceeded):
-    """The engine's line already holds as many waiting requests as the operator allows; nothing was started."""
+    """The engine's line already holds as many waiting requests as the operator allows; nothing was started.
 
-    def __init__(self, waiting: int, limit: int):
-        self.waiting, self.limit = waiting, limit
+    `ahead`: how many of them wait for the devices this request could use; `retry_after_s`: the engine's estimate of
+    when one of those devices is free for it (None until the engine has made one).
+    """
+
+    def __init__(self, waiting: int, limit: int, ahead: int = 0, retry_after_s: int | None = None):
+        self.waiting, self.limit, self.ahead, self.retry_after_s = waiting, limit, ahead, retry_after_s
+        when = f"in about {retry_after_s} s" if retry_after_s is not None else "in a moment"
         super().__init__(f"the queue is full: {waiting} request(s) are already waiting for a device "
-                         f"(ACCELDEMO_QUEUE_SIZE={limit}); try again in a moment")
+                         f"(ACCELDEMO_QUEUE_SIZE={limit}); try again {when}")
+
+    def __reduce__(self):
+        return type(self), (self.waiting, self.limit, self.ahead, self.retry_after_s)
 
 
 class DeviceBusy(CapacityExceeded):

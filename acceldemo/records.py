@@ -1,13 +1,73 @@
-"""Records that cross layers: requests, shapes, progress events and results."""
+"""Records that cross layers: the names a person picks (modes, placements), states and phases, requests as front
+ends give them and as the engine checked them, progress events and results."""
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a type only: the catalog itself imports this module
+    from .models.catalog import ModelSpec
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 _DEVICES = re.compile(r"^\s*([a-z][a-z0-9_]*):(\d{1,4}(?:-\d{1,4})?(?:,\d{1,4}(?:-\d{1,4})?)*)\s*$")
+
+
+class Mode(StrEnum):
+    """How the transformer runs: op by op (the eager flavours a hardware offers), or compiled per static shape."""
+
+    EAGER = "eager"
+    EAGER_FUSED = "eager-fused"  # TorchTPU's DEFER_AND_FUSE
+    COMPILED = "compiled"  # the whole transformer, fullgraph, dynamic=False
+    REGIONAL = "regional"  # compile_repeated_blocks
+
+    @property
+    def compiles(self) -> bool:
+        return self in COMPILED_MODES
+
+
+# Every hardware offers both; the eager modes are each adapter's own.
+COMPILED_MODES = (Mode.COMPILED, Mode.REGIONAL)
+
+
+class Placement(StrEnum):
+    """Where a pipeline goes: whole on one device, model CPU offload, or a tensor-parallel worker pool."""
+
+    DEVICE = "device"
+    OFFLOAD = "offload"
+    TP = "tp"
+
+
+class Phase(StrEnum):
+    """What a request is doing, as its progress events say."""
+
+    QUEUE = "queue"  # waiting in line for a device (or just given one)
+    LOAD = "load"
+    COMPILE = "compile"
+    DENOISE = "denoise"
+    DECODE = "decode"
+
+
+class ShapeState(StrEnum):
+    """One static shape of one pipeline."""
+
+    COLD = "cold"
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class ReplicaState(StrEnum):
+    """One replica (a device set holding pipelines)."""
+
+    IDLE = "idle"
+    LOADING = "loading"
+    COMPILING = "compiling"
+    BUSY = "busy"
+    RESTARTING = "restarting"
+    DOWN = "down"
 
 
 @dataclass(frozen=True, order=True)
@@ -63,29 +123,82 @@ class DeviceSet:
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    """One text-to-image request; None means the model's or the host's default."""
+class GenerateParams:
+    """A text-to-image request as a front end received it: raw values (text from a form, numbers from JSON), not
+    yet checked. None is the default: the model's (size, steps, guidance), the host's (model, hardware, placement,
+    devices), the engine's (mode eager, one image, a random seed). `Engine.check` turns it into a `Request`."""
+
+    prompt: object
+    model: object = None
+    hardware: object = None
+    mode: object = None
+    placement: object = None
+    tp_size: object = None
+    # WIDTHxHEIGHT as typed, or a Shape.
+    resolution: object = None
+    steps: object = None
+    guidance: object = None
+    seed: object = None
+    # Images of one call, with the seeds seed, seed+1, ...: image i is the image seed+i gives alone.
+    num_images: object = None
+    # A device set to run on (`cuda:1`, `neuron:0-1`); None lets the engine pick a free one.
+    device: object = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request: every value typed, every default resolved. Only the engine makes one
+    (`Engine.check`); executors, the worker pool and the bench accept nothing else."""
 
     prompt: str
-    model: str | None = None
-    hardware: str | None = None
-    mode: str = "eager"
-    placement: str | None = None
-    tp_size: int | None = None
-    # The size as a person types it, WIDTHxHEIGHT; when given it sets width and height.
-    resolution: Any = None
-    width: Any = None
-    height: Any = None
-    steps: Any = None
-    guidance: Any = None
-    seed: Any = 0
-    num_images: Any = 1
-    # A device set to run on (`cuda:1`, `neuron:0-1`); None lets the engine pick a free one.
-    device: str | None = None
+    spec: ModelSpec
+    hardware: str
+    mode: Mode
+    placement: Placement
+    tp_size: int
+    shape: Shape
+    steps: int
+    guidance: float
+    seed: int
+    num_images: int = 1
+    # The device set the person named; None: any replica of the hardware.
+    devices: DeviceSet | None = None
 
     @property
-    def shape(self) -> Shape:
-        return Shape(int(self.width), int(self.height))
+    def model(self) -> str:
+        return self.spec.name
+
+    @property
+    def width(self) -> int:
+        return self.shape.width
+
+    @property
+    def height(self) -> int:
+        return self.shape.height
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(range(self.seed, self.seed + self.num_images))
+
+    @property
+    def graph_key(self) -> tuple:
+        """What makes torch.compile build a new graph for this request (the model says: see `ModelSpec.graph_key`)."""
+        return self.spec.graph_key(self.shape, self.num_images, self.guidance)
+
+    def key(self, devices: DeviceSet) -> "PipelineKey":
+        """The pipeline that runs this request on `devices`."""
+        return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices)
+
+    def members(self) -> list["Request"]:
+        """One request per image, each with its own seed: how the engine runs the images of a request (each is the
+        image its seed gives alone)."""
+        if self.num_images == 1:
+            return [self]
+        return [replace(self, seed=seed, num_images=1) for seed in self.seeds]
+
+    def at(self, shape: Shape, steps: int | None = None) -> "Request":
+        """The same request at another of the model's shapes (a warm-up's), already checked against the model."""
+        return replace(self, shape=shape, steps=self.steps if steps is None else steps)
 
 
 @dataclass(frozen=True)
@@ -94,21 +207,21 @@ class PipelineKey:
 
     model: str
     hardware: str
-    mode: str
-    placement: str
+    mode: Mode
+    placement: Placement
     tp_size: int = 1
     devices: DeviceSet | None = None
 
     def __str__(self) -> str:
-        where = f"tp{self.tp_size}" if self.placement == "tp" else self.placement
+        where = f"tp{self.tp_size}" if self.placement is Placement.TP else str(self.placement)
         return f"{self.model} · {self.devices or self.hardware} · {self.mode} · {where}"
 
 
 @dataclass(frozen=True)
 class Progress:
-    """One progress event; phase is queue (waiting in line for a device), load, compile, denoise or decode."""
+    """One progress event of one request."""
 
-    phase: str
+    phase: Phase
     message: str
     step: int | None = None
     total: int | None = None
@@ -124,7 +237,7 @@ def no_progress(_: Progress) -> None:
 
 @dataclass(frozen=True)
 class RunOutput:
-    """What an executor returns for one pipeline call, before the manager adds its bookkeeping."""
+    """What an executor returns for one pipeline call, before the engine adds its bookkeeping."""
 
     images: list
     seconds: float
@@ -140,7 +253,7 @@ class RunOutput:
 class GenerateResult:
     """A finished request: the images and the facts a person wants to see beside them."""
 
-    request: GenerateRequest
+    request: Request
     key: PipelineKey
     images: list
     seconds: float
@@ -154,16 +267,36 @@ class GenerateResult:
     # Words of the prompt the model was not trained on, and the sentence that tells a person so ("" if none).
     unknown_words: tuple[str, ...] = ()
     note: str = ""
+    # For a request of several images: each image's own result, in order.
+    parts: tuple["GenerateResult", ...] = ()
 
     @property
     def image(self):
         return self.images[0]
 
-    def facts(self) -> dict[str, Any]:
-        """The result as plain JSON-able values (for CLI --json, the HTTP API and logs)."""
+    @staticmethod
+    def of_images(request: Request, parts: list["GenerateResult"]) -> "GenerateResult":
+        """The result of a request of several images from each image's: the images in order, the slowest image's
+        times, graphs and compile seconds summed, warm when every image was."""
+        if len(parts) == 1 and parts[0].request is request:
+            return parts[0]
+        first = parts[0]
+        return GenerateResult(
+            request=request, key=first.key, images=[image for part in parts for image in part.images],
+            seconds=max(p.seconds for p in parts), queue_wait=max(p.queue_wait for p in parts),
+            load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in parts),
+            new_graphs=sum(p.new_graphs for p in parts), warm=all(p.warm for p in parts),
+            compile_cache_hits=sum(p.compile_cache_hits for p in parts), step_seconds=first.step_seconds,
+            unknown_words=first.unknown_words, note=first.note, parts=tuple(parts))
+
+    def facts(self, image: int = 0) -> dict[str, Any]:
+        """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
+        images, those of `image` (its seed, its device, its times)."""
+        if self.parts:
+            return {**self.parts[image].facts(), "num_images": self.request.num_images}
         r = self.request
         return {
-            "model": r.model, "hardware": r.hardware, "mode": r.mode, "placement": r.placement,
+            "model": r.model, "hardware": r.hardware, "mode": str(r.mode), "placement": str(r.placement),
             "tp_size": r.tp_size, "width": r.width, "height": r.height, "steps": r.steps,
             "guidance": r.guidance, "seed": r.seed, "num_images": r.num_images,
             "seconds": round(self.seconds, 4), "queue_wait": round(self.queue_wait, 4),

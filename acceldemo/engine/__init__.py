@@ -1,10 +1,14 @@
-"""The engine: the session manager, its line for devices, its counters, and request validation, below every front
-end."""
-from .manager import CompiledShape, DeviceStatus, PipelineStatus, SessionManager
-from .stats import OUTCOMES, outcome_of
-from .validation import (MAX_IMAGES, MAX_SEED, PLACEMENTS, Option, Placement, mode_options, parse_resolution,
+"""The engine: one typed request checked once, one line for every front end, replicas supervised, compiled shapes
+ledgered, resident pipelines within a budget, counters; and the views every front end renders."""
+from .core import Engine, Job
+from .ledger import CompiledShape
+from .stats import OUTCOMES, Kind, Outcome, outcome_of
+from .validation import (MAX_IMAGES, MAX_SEED, Option, PlacementProposal, mode_options, parse_resolution,
                          propose_placement, tensor_parallel_options)
+from .views import (Description, DeviceView, HardwareView, ModelView, Offer, PipelineView, ReplicaView, Snapshot,
+                    Startup, StartupState, as_json)
 
-__all__ = ["MAX_IMAGES", "MAX_SEED", "OUTCOMES", "PLACEMENTS", "CompiledShape", "DeviceStatus", "Option", "PipelineStatus",
-           "Placement", "SessionManager", "mode_options", "outcome_of", "parse_resolution", "propose_placement",
-           "tensor_parallel_options"]
+__all__ = ["MAX_IMAGES", "MAX_SEED", "OUTCOMES", "CompiledShape", "Description", "DeviceView", "Engine", "HardwareView",
+           "Job", "Kind", "ModelView", "Offer", "Option", "Outcome", "PipelineView", "PlacementProposal", "ReplicaView",
+           "Snapshot", "Startup", "StartupState", "as_json", "mode_options", "outcome_of", "parse_resolution",
+           "propose_placement", "tensor_parallel_options"]

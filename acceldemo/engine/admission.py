@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import Cancelled, DeviceBusy, QueueFull
-from ..records import DeviceSet, Progress, ProgressCallback
+from ..records import DeviceSet, Phase, Progress, ProgressCallback
 
 # How often a waiting request looks at its stop flag and tells its place in line when that changed.
 POLL_S = 0.2
@@ -60,16 +60,32 @@ class Line:
         self._numbers = itertools.count(1)
 
     def enter(self, what: str, candidates: Sequence[DeviceSet],
-              preference: Callable[[DeviceSet], int] = lambda devices: 0) -> Ticket:
-        """A ticket in line, granted at once if a device set is free; QueueFull if it would wait past the limit."""
-        ticket = Ticket(next(self._numbers), what, tuple(candidates), preference)
+              preference: Callable[[DeviceSet], int] = lambda devices: 0, admitted: bool = False) -> Ticket:
+        """A ticket in line, granted at once if a device set is free; QueueFull if it would wait past the limit.
+
+        `admitted`: the request holds a place already (a retry after its replica was lost, a replica's restart, the
+        next replica of a warm-up): it enters whatever the line's length.
+        """
+        return self.enter_together(what, candidates, 1, preference, admitted)[0]
+
+    def enter_together(self, what: str, candidates: Sequence[DeviceSet], count: int,
+                       preference: Callable[[DeviceSet], int] = lambda devices: 0,
+                       admitted: bool = False) -> list[Ticket]:
+        """`count` tickets of one request (its images), admitted all or none: QueueFull, and nothing held, if those
+        that would wait push the line past its limit."""
+        tickets = [Ticket(next(self._numbers), what, tuple(candidates), preference) for _ in range(count)]
         with self._changed:
-            self._waiting.append(ticket)
+            self._waiting.extend(tickets)
             self._hand_out()
-            if ticket.granted is None and len(self._waiting) > self.limit:
-                self._waiting.remove(ticket)
-                raise QueueFull(len(self._waiting), self.limit)
-        return ticket
+            if not admitted and len(self._waiting) > self.limit and any(t.granted is None for t in tickets):
+                for ticket in tickets:
+                    if ticket.granted is None:
+                        self._waiting.remove(ticket)
+                    else:
+                        self._free(ticket)
+                self._hand_out()
+                raise QueueFull(len(self._waiting), self.limit, self._ahead(tickets[0].devices))
+        return tickets
 
     def wait(self, ticket: Ticket, on_progress: ProgressCallback = lambda event: None,
              cancelled: Callable[[], bool] = lambda: False) -> DeviceSet:
@@ -93,14 +109,20 @@ class Line:
                 return granted
             if place != told:
                 told = place
-                on_progress(Progress("queue", f"{ordinal(place)} in line for {ticket.where()}", place))
+                on_progress(Progress(Phase.QUEUE, f"{ordinal(place)} in line for {ticket.where()}", place))
 
     def release(self, ticket: Ticket) -> None:
-        """The ticket's devices are free again (whether its job succeeded or not)."""
+        """The ticket is done with: its devices are free again (whether its job succeeded or not), or it leaves the
+        line if it never got any."""
         with self._changed:
-            for device in [d for d, holder in self._running.items() if holder is ticket]:
-                del self._running[device]
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            self._free(ticket)
             self._hand_out()
+
+    def _free(self, ticket: Ticket) -> None:
+        for device in [d for d, holder in self._running.items() if holder is ticket]:
+            del self._running[device]
 
     def waiting(self) -> list[Ticket]:
         with self._changed:
@@ -119,9 +141,11 @@ class Line:
         """1 + the waiting tickets ahead of this one that want any of its devices (0 once it runs)."""
         if ticket.granted is not None or ticket not in self._waiting:
             return 0
-        mine = ticket.devices
-        ahead = self._waiting[:self._waiting.index(ticket)]
-        return 1 + sum(1 for other in ahead if other.devices & mine)
+        return 1 + self._ahead(ticket.devices, self._waiting[:self._waiting.index(ticket)])
+
+    def _ahead(self, devices: set[tuple[str, int]], tickets: list[Ticket] | None = None) -> int:
+        """Waiting tickets (of `tickets`, by default all) that want any of these devices."""
+        return sum(1 for other in (self._waiting if tickets is None else tickets) if other.devices & devices)
 
     def _hand_out(self) -> None:
         """Give free device sets to waiting tickets in arrival order (call with the condition held)."""

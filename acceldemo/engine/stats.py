@@ -2,33 +2,69 @@
 /metrics serves as they are and /status and the page read back."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..errors import (Cancelled, CapacityExceeded, HardwareUnavailable, InvalidRequest, ModelUnavailable,
                       UnsupportedCombination)
 from ..records import GenerateResult
 
-OUTCOMES = ("ok", "invalid", "refused", "cancelled", "failed")
-KINDS = ("generate", "warmup")
+
+class Outcome(StrEnum):
+    """How a request ended: done (ok), the person's to fix (invalid), the operator's limits (refused), stopped
+    (cancelled), or the engine's fault (failed)."""
+
+    OK = "ok"
+    INVALID = "invalid"
+    REFUSED = "refused"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class Kind(StrEnum):
+    """What a request asked for."""
+
+    GENERATE = "generate"
+    WARMUP = "warmup"
+
+
+OUTCOMES = tuple(Outcome)
+# The parts of a request's time the latency histogram has, `total` first.
 PHASES = ("total", "queue", "load", "compile")
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 _LABELS = ("model", "hardware", "mode")
 
 
-def outcome_of(error: BaseException) -> str:
-    """The outcome of a request that ended in `error`: the person's to fix (invalid), the operator's limits
-    (refused), stopped (cancelled), or the engine's (failed)."""
+def outcome_of(error: BaseException) -> Outcome:
+    """The outcome of a request that ended in `error`."""
     if isinstance(error, Cancelled):
-        return "cancelled"
+        return Outcome.CANCELLED
     if isinstance(error, CapacityExceeded):
-        return "refused"
+        return Outcome.REFUSED
     if isinstance(error, (InvalidRequest, UnsupportedCombination, HardwareUnavailable, ModelUnavailable)):
-        return "invalid"
-    return "failed"
+        return Outcome.INVALID
+    return Outcome.FAILED
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The engine's counts since start, as plain numbers."""
+
+    requests: dict[Outcome, int]
+    warmups: dict[Outcome, int]
+    graphs: int
+    compile_seconds: float
+    shape_hits: int
+    compile_cache_hits: int
+    loads: int
+    evictions: int
+    replica_restarts: int
 
 
 class EngineStats:
-    """Counters and histograms of one session manager (one registry each, so several can live in one process)."""
+    """Counters and histograms of one engine (one registry each, so several can live in one process)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -49,18 +85,18 @@ class EngineStats:
         self.evictions = Counter("acceldemo_pipeline_evictions", "Resident pipelines evicted", registry=self.registry)
         self.restarts = Counter("acceldemo_replica_restarts", "Replicas lost (process died or hung) and restarted",
                                 registry=self.registry)
-        for outcome in OUTCOMES:  # every outcome shows from the start, at 0
-            for kind in KINDS:
+        for outcome in Outcome:  # every outcome shows from the start, at 0
+            for kind in Kind:
                 self.requests.labels(outcome, kind)
 
-    def count(self, kind: str, outcome: str) -> None:
+    def count(self, kind: Kind, outcome: Outcome) -> None:
         self.requests.labels(outcome, kind).inc()
 
     def observe(self, result: GenerateResult) -> None:
         """A finished call's phases and compile facts (a warm-up's too)."""
         labels = (result.key.model, result.key.hardware, result.key.mode)
-        for phase, seconds in (("total", result.seconds), ("queue", result.queue_wait),
-                               ("load", result.load_seconds), ("compile", result.compile_seconds)):
+        for phase, seconds in zip(PHASES, (result.seconds, result.queue_wait, result.load_seconds,
+                                           result.compile_seconds)):
             self.latency.labels(phase, *labels).observe(seconds)
         self.graphs.labels(*labels).inc(result.new_graphs)
         self.compile_seconds.labels(*labels).inc(result.compile_seconds)
@@ -72,18 +108,18 @@ class EngineStats:
         return sum(sample.value for metric in self.registry.collect() if metric.name == counter
                    for sample in metric.samples if sample.name.endswith("_total"))
 
-    def outcomes(self, kind: str = "generate") -> dict[str, int]:
+    def outcomes(self, kind: Kind = Kind.GENERATE) -> dict[Outcome, int]:
         return {outcome: int(self.registry.get_sample_value("acceldemo_requests_total",
                                                             {"outcome": outcome, "kind": kind}) or 0)
-                for outcome in OUTCOMES}
+                for outcome in Outcome}
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> Counters:
         """The counters as plain numbers, for /status and the page."""
-        return {"requests": self.outcomes("generate"), "warmups": self.outcomes("warmup"),
-                "graphs": int(self._total("acceldemo_compiled_graphs")),
-                "compile_seconds": round(self._total("acceldemo_compile_seconds"), 3),
-                "shape_hits": int(self._total("acceldemo_shape_cache_hits")),
-                "compile_cache_hits": int(self._total("acceldemo_compile_cache_hits")),
-                "loads": int(self._total("acceldemo_pipeline_loads")),
-                "evictions": int(self._total("acceldemo_pipeline_evictions")),
-                "replica_restarts": int(self._total("acceldemo_replica_restarts"))}
+        return Counters(requests=self.outcomes(Kind.GENERATE), warmups=self.outcomes(Kind.WARMUP),
+                        graphs=int(self._total("acceldemo_compiled_graphs")),
+                        compile_seconds=round(self._total("acceldemo_compile_seconds"), 3),
+                        shape_hits=int(self._total("acceldemo_shape_cache_hits")),
+                        compile_cache_hits=int(self._total("acceldemo_compile_cache_hits")),
+                        loads=int(self._total("acceldemo_pipeline_loads")),
+                        evictions=int(self._total("acceldemo_pipeline_evictions")),
+                        replica_restarts=int(self._total("acceldemo_replica_restarts")))

@@ -1,23 +1,24 @@
-"""Every request checked in one place, early; each refusal names the field, the value and what is accepted."""
+"""Every request checked in one place, early, into one typed `Request`; each refusal names the field, the value and
+what is accepted. Also what a person is offered before asking: modes with why not, the proposed placement, TP sizes."""
 from __future__ import annotations
 
 import math
+import secrets
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
-from ..hardware import (HARDWARE, Availability, Hardware, all_modes, best_available, get_hardware, mode_note,
-                        require_available)
+from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode_note, offered_by
 from ..models.catalog import ModelSpec, get_model
-from ..records import DeviceSet, GenerateRequest, Shape
+from ..records import DeviceSet, GenerateParams, Mode, Placement, Request, Shape
 
-# Where a pipeline goes: whole on one device, model CPU offload, or a tensor-parallel worker pool.
-PLACEMENTS = ("device", "offload", "tp")
 MAX_PROMPT_CHARS = 2000
 MAX_IMAGES = 4
 MAX_GUIDANCE = 30.0
 MAX_SEED = 2**63 - 1
+# What a request that names no mode gets.
+DEFAULT_MODE = Mode.EAGER
 # Room left for activations beside the weights when deciding what fits a device.
 HEADROOM = 1.2
 
@@ -26,31 +27,30 @@ HEADROOM = 1.2
 class Option:
     """A choice shown to a person: usable or not, and why."""
 
-    name: str
+    name: Mode
     ok: bool
     reason: str
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where a model goes on a hardware: placement, tensor-parallel size, and how many replicas the host holds."""
+class PlacementProposal:
+    """Where a model goes on a hardware: placement, tensor-parallel size, how many replicas the host holds, and why."""
 
-    name: str
+    placement: Placement
     tp_size: int
     reason: str
     replicas: int = 1
 
 
-def mode_options(spec: ModelSpec, hardware: Hardware, placement: str | None) -> list[Option]:
+def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | None) -> list[Option]:
     """Each mode for this model, hardware and placement, with why it is refused where it is."""
     options = []
     for mode in all_modes():
         if mode not in hardware.modes:
-            offered = [name for name, other in HARDWARE.items() if mode in other.modes]
-            reason = f"{hardware.name} does not offer it; only {', '.join(offered)} does"
-        elif mode == "regional" and not spec.repeated_blocks:
+            reason = f"{hardware.name} does not offer it; only {', '.join(offered_by(mode))} does"
+        elif mode is Mode.REGIONAL and not spec.repeated_blocks:
             reason = f"the {spec.title} transformer has no repeated blocks for compile_repeated_blocks"
-        elif mode == "compiled" and placement == "offload":
+        elif mode is Mode.COMPILED and placement is Placement.OFFLOAD:
             reason = "offload hooks cannot be traced: with offload only regional or eager"
         else:
             options.append(Option(mode, True, mode_note(mode)))
@@ -59,7 +59,7 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: str | None) -> 
     return options
 
 
-def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> Placement:
+def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> PlacementProposal:
     """Where the model should go on this hardware, from its weight sizes and the device memory.
 
     sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
@@ -75,18 +75,21 @@ def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ..
 
     if not memory or weights <= memory:
         count, replicas = copies(1)
-        return Placement("device", 1, f"{gb(spec.weight_bytes)} of weights fit one of {found.device_count} "
-                                      f"device(s) ({gb(memory)} each){replicas}", count)
+        return PlacementProposal(Placement.DEVICE, 1, f"{gb(spec.weight_bytes)} of weights fit one of "
+                                                      f"{found.device_count} device(s) ({gb(memory)} each){replicas}",
+                                 count)
     if spec.largest_component_bytes * HEADROOM <= memory:
         count, replicas = copies(1)
-        return Placement("offload", 1, f"{gb(spec.weight_bytes)} of weights exceed one device ({gb(memory)}), "
-                                       f"but each component fits: offload moves one at a time{replicas}", count)
+        return PlacementProposal(Placement.OFFLOAD, 1, f"{gb(spec.weight_bytes)} of weights exceed one device "
+                                                       f"({gb(memory)}), but each component fits: offload moves one "
+                                                       f"at a time{replicas}", count)
     candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
     size = next((n for n in candidates if n > max(found.device_count, 2)
                  or spec.largest_component_bytes * HEADROOM / n <= memory), candidates[-1])
     count, replicas = copies(size)
-    return Placement("tp", size, f"the largest component ({gb(spec.largest_component_bytes)}) exceeds one device "
-                                 f"({gb(memory)}): tensor parallel over {size}{replicas}", count)
+    return PlacementProposal(Placement.TP, size, f"the largest component ({gb(spec.largest_component_bytes)}) "
+                                                 f"exceeds one device ({gb(memory)}): tensor parallel over "
+                                                 f"{size}{replicas}", count)
 
 
 def _whole(field: str, value: object, low: int, high: int) -> int:
@@ -113,6 +116,17 @@ def _number(field: str, value: object, low: float, high: float) -> float:
     return number
 
 
+def _named(field: str, value: object, kind: type, known) -> object:
+    """`value` as a member of the enum `kind`, if it names one of `known`."""
+    try:
+        member = kind(value)
+    except ValueError:
+        member = None
+    if member is None or member not in known:
+        raise UnknownName(field, value, [str(k) for k in known])
+    return member
+
+
 def check_prompt(prompt: object) -> str:
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", prompt, "a non-empty text")
@@ -125,6 +139,8 @@ def check_prompt(prompt: object) -> str:
 
 def parse_resolution(text: object) -> Shape:
     """A typed resolution (WIDTHxHEIGHT) as a shape; the sizes themselves are checked per model later."""
+    if isinstance(text, Shape):
+        return text
     shape = Shape.parse(text) if isinstance(text, str) and len(text) < 40 else None
     if shape is None:
         raise InvalidRequest("resolution", text, "WIDTHxHEIGHT, e.g. 1024x1024")
@@ -152,41 +168,47 @@ def check_shape(spec: ModelSpec, width: object, height: object) -> Shape:
     return Shape(sides["width"], sides["height"])
 
 
-def check_request(request: GenerateRequest, settings: Settings) -> GenerateRequest:
-    """The request with every default filled in, or the first thing wrong with it as a typed error."""
-    spec = get_model(request.model or settings.default_model)
-    prompt = check_prompt(request.prompt)
-    devices = check_devices(request.device)
-    hardware = require_available(request.hardware or (devices.hardware if devices else best_available()))
-    if request.mode not in all_modes():
-        raise UnknownName("mode", request.mode, all_modes())
-    if request.placement is not None and request.placement not in PLACEMENTS:
-        raise UnknownName("placement", request.placement, PLACEMENTS)
-    proposed = propose_placement(spec, hardware.detect(), hardware.tensor_parallel_sizes())
-    placement = request.placement or proposed.name
-    for option in mode_options(spec, hardware, placement):
-        if option.name == request.mode and not option.ok:
-            raise UnsupportedCombination("mode", f"mode {request.mode!r} is not possible here: {option.reason}")
-    tp_size = check_placement(spec, hardware, placement, request.tp_size or proposed.tp_size, settings.pool_nnodes)
+def _absent(value: object) -> bool:
+    """A raw value left out: None, or an empty text (a form's empty field)."""
+    return value is None or value == ""
+
+
+def check_request(params: GenerateParams, settings: Settings, hardware: HardwareRegistry) -> Request:
+    """The request typed, with every default filled in; or the first thing wrong with it as a typed error."""
+    spec = get_model(settings.default_model if _absent(params.model) else params.model)
+    prompt = check_prompt(params.prompt)
+    devices = check_devices(params.device)
+    named = params.hardware if not _absent(params.hardware) else devices.hardware if devices else None
+    adapter = hardware.require_available(named or hardware.best_available())
+    mode = DEFAULT_MODE if _absent(params.mode) else _named("mode", params.mode, Mode, all_modes())
+    chosen = None if _absent(params.placement) else _named("placement", params.placement, Placement, tuple(Placement))
+    proposed = propose_placement(spec, adapter.detect(), adapter.tensor_parallel_sizes())
+    placement = chosen or proposed.placement
+    for option in mode_options(spec, adapter, placement):
+        if option.name is mode and not option.ok:
+            raise UnsupportedCombination("mode", f"mode {str(mode)!r} is not possible here: {option.reason}")
+    tp_size = check_placement(spec, adapter, placement, params.tp_size or proposed.tp_size, settings.pool_nnodes)
     if devices is not None:
-        check_device_set(devices, hardware, local_devices(placement, tp_size, settings.pool_nnodes))
-    typed = None if request.resolution in (None, "") else parse_resolution(request.resolution)
-    width, height = (typed.width, typed.height) if typed else (request.width, request.height)
-    shape = check_shape(spec, spec.default_shape.width if width is None else width,
-                        spec.default_shape.height if height is None else height)
-    return replace(
-        request, model=spec.name, prompt=prompt, hardware=hardware.name, placement=placement, tp_size=tp_size,
-        device=None if devices is None else str(devices), resolution=None, width=shape.width, height=shape.height,
-        steps=_whole("steps", spec.steps if request.steps is None else request.steps, 1, spec.max_steps),
-        guidance=_number("guidance", spec.guidance if request.guidance is None else request.guidance,
+        check_device_set(devices, adapter, local_devices(placement, tp_size, settings.pool_nnodes))
+    typed = None if _absent(params.resolution) else parse_resolution(params.resolution)
+    shape = check_shape(spec, *((typed.width, typed.height) if typed else
+                                (spec.default_shape.width, spec.default_shape.height)))
+    num_images = 1 if _absent(params.num_images) else _whole("num_images", params.num_images, 1, MAX_IMAGES)
+    # The last image's seed is seed + num_images - 1: every one of them must be a seed.
+    top = MAX_SEED - num_images + 1
+    seed = secrets.randbelow(top + 1) if _absent(params.seed) else _whole("seed", params.seed, 0, top)
+    return Request(
+        prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size, shape=shape,
+        steps=_whole("steps", spec.steps if _absent(params.steps) else params.steps, 1, spec.max_steps),
+        guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
                          0.0, MAX_GUIDANCE),
-        seed=_whole("seed", request.seed, 0, MAX_SEED),
-        num_images=_whole("num_images", request.num_images, 1, MAX_IMAGES))
+        seed=seed, num_images=num_images, devices=devices)
 
 
-def check_placement(spec: ModelSpec, hardware: Hardware, placement: str, tp_size: int, nodes: int = 1) -> int:
+def check_placement(spec: ModelSpec, hardware: Hardware, placement: Placement, tp_size: object,
+                    nodes: int = 1) -> int:
     """The tensor-parallel degree for this placement (1 unless tp), or why it cannot work."""
-    if placement != "tp":
+    if placement is not Placement.TP:
         return 1
     if not spec.tp_components:
         raise UnsupportedCombination("placement", f"{spec.title} has no tensor-parallel plan; use device or offload")
@@ -211,15 +233,15 @@ def tensor_parallel_options(spec: ModelSpec, hardware: Hardware, nodes: int = 1)
     accepted = []
     for size in range(2, 65):
         try:
-            accepted.append(check_placement(spec, hardware, "tp", size, nodes))
+            accepted.append(check_placement(spec, hardware, Placement.TP, size, nodes))
         except (InvalidRequest, UnsupportedCombination):
             continue
     return accepted
 
 
-def local_devices(placement: str, tp_size: int, nodes: int) -> int:
+def local_devices(placement: Placement, tp_size: int, nodes: int) -> int:
     """How many devices of this host one pipeline occupies: its share of a tensor-parallel group, else one."""
-    return tp_size // nodes if placement == "tp" else 1
+    return tp_size // nodes if placement is Placement.TP else 1
 
 
 def check_devices(text: object) -> DeviceSet | None:

@@ -1,0 +1,14 @@
+"""How an entry point puts the engine together: a hardware registry from its settings, the executor chosen outside
+the engine (this process, or torchrun worker pools), and the engine over both."""
+from __future__ import annotations
+
+from .config import Settings
+from .engine import Engine
+from .executors.routing import RoutingExecutor
+from .hardware import HardwareRegistry
+
+
+def build_engine(settings: Settings, hardware: HardwareRegistry | None = None, **executors) -> Engine:
+    """The engine every front end talks to; `executors` replace the routing executor's own (`local=`, `pools=`)."""
+    hardware = hardware or HardwareRegistry(settings)
+    return Engine(settings, hardware, RoutingExecutor(settings, hardware, **executors))

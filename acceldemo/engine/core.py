@@ -1,0 +1,419 @@
+"""The engine's front door: every front end's requests are checked here once into a typed `Request`, admitted into
+one line with one limit as they arrive, run on a replica, counted; and the two views every front end renders."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+
+from prometheus_client import Gauge
+
+from ..config import Settings
+from ..errors import (AcceldemoError, Cancelled, GenerationFailed, QueueFull, describe_error)
+from ..executors.artifacts import EVENTS, ArtifactStore
+from ..executors.base import Executor
+from ..hardware import HardwareRegistry
+from ..models.catalog import CATALOG, get_model
+from ..models.loading import model_availability
+from ..records import (DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
+                       ProgressCallback, ReplicaState, Request, Shape, no_progress)
+from .admission import Line, Ticket
+from .ledger import CompiledShape, ShapeLedger
+from .residency import Residency
+from .stats import EngineStats, Kind, Outcome, outcome_of
+from .supervision import Replica, Supervisor
+from .validation import (check_request, check_shape, local_devices, mode_options, parse_resolution,
+                         propose_placement, tensor_parallel_options)
+from .views import (Description, DeviceView, HardwareView, ModelView, Offer, PipelineView, ReplicaView, Snapshot,
+                    Startup, StartupState)
+
+log = logging.getLogger("acceldemo.engine")
+
+
+def _never() -> bool:
+    return False
+
+
+class Job:
+    """One admitted request, running in a thread of its own: `future` gets its result (or its error); `cancel()`
+    stops it at its next denoise step, or takes it out of the line."""
+
+    def __init__(self, request: Request, cancelled: Callable[[], bool] = _never):
+        self.request = request
+        self.future: Future = Future()
+        self._stop = threading.Event()
+        self._asked = cancelled
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def cancelled(self) -> bool:
+        return self._stop.is_set() or self._asked()
+
+    def result(self, timeout: float | None = None):
+        return self.future.result(timeout)
+
+
+class Engine:
+    """The one way into the engine for every front end: `check` a request once, `submit` it (admitted at once or
+    refused with QueueFull), `describe` and `snapshot` for the views. Where a pipeline lives (this process, a worker
+    pool) is the executor's business, chosen outside the engine."""
+
+    def __init__(self, settings: Settings, hardware: HardwareRegistry, executor: Executor):
+        self.settings, self.hardware, self.executor = settings, hardware, executor
+        self.stats = EngineStats()
+        self.line = Line(settings.queue_size, settings.device_wait_s)
+        self.artifacts = ArtifactStore.of(settings)
+        self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
+        self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
+        self.supervisor = Supervisor(self.line, self.residency, self.stats)
+        self._startup = Startup()
+        self._startup_lock = threading.Lock()
+        self._timers: list[threading.Timer] = []
+        registry = self.stats.registry
+        Gauge("acceldemo_queue_depth", "Requests waiting in line for a device", registry=registry) \
+            .set_function(self.queue_depth)
+        Gauge("acceldemo_resident_pipelines", "Pipelines resident in memory", registry=registry) \
+            .set_function(lambda: len(self.residency.resident_keys()))
+        Gauge("acceldemo_busy_devices", "Devices running a job", registry=registry) \
+            .set_function(lambda: len(self.line.running()))
+        # Precompiled (AOTInductor) packages built, or loaded from the persistent cache instead, since start.
+        packages = Gauge("acceldemo_precompiled_packages", "AOTInductor packages by event since start", ("event",),
+                         registry=registry)
+        for event in EVENTS:
+            packages.labels(event).set_function(lambda event=event: self.artifacts.counts()[event])
+
+    # --- the front door --------------------------------------------------------------------------------------------
+
+    def check(self, params: GenerateParams, kind: Kind = Kind.GENERATE) -> Request:
+        """The request typed with every default filled in, or the first thing wrong with it (a typed error, counted
+        as the request's outcome). Each request is checked exactly once."""
+        try:
+            return check_request(params, self.settings, self.hardware)
+        except AcceldemoError as error:
+            self.stats.count(kind, outcome_of(error))
+            raise
+
+    def submit(self, request: Request, on_progress: ProgressCallback = no_progress,
+               cancelled: Callable[[], bool] = _never) -> Job:
+        """Admit the request now — onto free replicas, or into the line — or refuse it at once (QueueFull with the
+        expected wait); then it runs in threads of its own. Its images (one per seed) are admitted together, all or
+        none, and may run side by side on several replicas; the request's outcome is counted once, whatever it is."""
+        job = Job(request, cancelled)
+        candidates = self._candidates(request)
+
+        def image(member: Request) -> Callable[[Ticket, float], GenerateResult]:
+            def run(devices: DeviceSet, started: float, queue_wait: float) -> GenerateResult:
+                return self._run(devices, member, on_progress, job.cancelled, False, started, queue_wait)
+            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, on_progress,
+                                                                   job.cancelled, run)
+
+        return self._start(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
+                           [image(member) for member in request.members()],
+                           lambda parts: GenerateResult.of_images(request, parts))
+
+    def generate(self, request: GenerateParams | Request, on_progress: ProgressCallback = no_progress,
+                 cancelled: Callable[[], bool] = _never) -> GenerateResult:
+        """Check (when not yet), submit and wait: for front ends that block anyway (the CLI, the bench, tests)."""
+        if isinstance(request, GenerateParams):
+            request = self.check(request)
+        return self.submit(request, on_progress, cancelled).result()
+
+    def submit_warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
+                       on_progress: ProgressCallback = no_progress) -> Job:
+        """Compile the given shapes (None: the request's own) ahead of requests, one denoise step each, on every
+        replica (or the request's own device), one replica after the other: the first compiles each shape, the others
+        load what it left in the persistent compile caches. The job's result: the shapes' records, replica by
+        replica."""
+        base = self.check(params, Kind.WARMUP)
+        try:
+            warm = [base.at(check_shape(base.spec, *_sides(shape)), steps=1)
+                    for shape in (shapes if shapes is not None else [base.shape])]
+            candidates = self.supervisor.usable(self._candidates(base))
+        except AcceldemoError as error:
+            self.stats.count(Kind.WARMUP, outcome_of(error))
+            raise
+        job = Job(base)
+        what = f"warm-up of {', '.join(str(r.shape) for r in warm)} · {base.model} · {base.mode}"
+
+        def warm_replica(devices: DeviceSet, started: float, queue_wait: float) -> list[CompiledShape]:
+            records = []
+            for i, one in enumerate(warm, 1):
+                on_progress(Progress(Phase.COMPILE, f"warming {one.shape} on {devices} ({i}/{len(warm)})", i,
+                                     len(warm)))
+                result = self._run(devices, one, on_progress, _never, True, started, queue_wait)
+                records.append(self.ledger.record(result.key, one.shape))
+            return records
+
+        def every_replica(ticket: Ticket, started: float) -> list[CompiledShape]:
+            records = self.supervisor.attempt(ticket, candidates[:1], started, on_progress, _never, warm_replica)
+            for replica in candidates[1:]:
+                later = self.line.enter(what, [replica], self._preference(base), admitted=True)
+                records += self.supervisor.attempt(later, [replica], time.perf_counter(), on_progress, _never,
+                                                   warm_replica)
+            return records
+
+        if not warm:
+            job.future.set_result([])
+            self.stats.count(Kind.WARMUP, Outcome.OK)
+            return job
+        return self._start(job, Kind.WARMUP, what, candidates[:1], [every_replica], lambda parts: parts[0])
+
+    def warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
+                on_progress: ProgressCallback = no_progress) -> list[CompiledShape]:
+        return self.submit_warm_up(params, shapes, on_progress).result()
+
+    def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None) -> None:
+        """The start-up warm-up (`--warmup`), in the background; `startup` says how it goes, and turns ready when it
+        ends or has run past ACCELDEMO_WARMUP_TIMEOUT_S (it goes on: a compile cannot be interrupted)."""
+        with self._startup_lock:
+            self._startup = Startup(StartupState.WARMING, f"{', '.join(map(str, shapes))} ({mode})")
+        try:
+            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes)
+        except AcceldemoError as error:
+            self._set_startup(Startup(StartupState.FAILED, str(error)))
+            return
+        job.future.add_done_callback(self._warmed_up)
+        limit = self.settings.warmup_timeout_s
+        timer = threading.Timer(limit, self._startup_overdue, args=(limit,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def _warmed_up(self, future: Future) -> None:
+        try:
+            records = future.result()
+            self._set_startup(Startup(StartupState.DONE, ", ".join(f"{r.shape} {r.state}" for r in records)))
+        except Exception as error:  # every failure ends the warm-up, and the app serves anyway
+            self._set_startup(Startup(StartupState.FAILED, str(error)))
+
+    def _startup_overdue(self, limit: float) -> None:
+        with self._startup_lock:
+            if self._startup.state is StartupState.WARMING:
+                self._startup = Startup(StartupState.WARMING, self._startup.detail, limit)
+
+    def _set_startup(self, startup: Startup) -> None:
+        with self._startup_lock:
+            self._startup = startup
+
+    @property
+    def startup(self) -> Startup:
+        with self._startup_lock:
+            return self._startup
+
+    def evict(self, key, why: str = "asked") -> None:
+        self.residency.evict(key, why)
+
+    def close(self) -> None:
+        """Free every resident pipeline and stop every process the executor started."""
+        for timer in self._timers:
+            timer.cancel()
+        self.residency.close()
+        self.executor.close()
+
+    # --- admission ------------------------------------------------------------------------------------------------
+
+    def _start(self, job: Job, kind: Kind, what: str, candidates: list[DeviceSet],
+               bodies: list[Callable[[Ticket, float], object]], combine: Callable[[list], object]) -> Job:
+        """Enter the line now with one ticket per body, all or none (counting a refusal); then run each
+        `body(ticket, started)` in a thread of its own, set the job's result (`combine` of theirs, in order) or its
+        first failure (the others are stopped), and count its outcome once."""
+        started = time.perf_counter()
+        try:
+            tickets = self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
+                                               self._preference(job.request))
+        except QueueFull as full:
+            self.stats.count(kind, Outcome.REFUSED)
+            raise QueueFull(full.waiting, full.limit, full.ahead,
+                            self._retry_after(job.request, full.ahead, candidates)) from None
+        except AcceldemoError as error:
+            self.stats.count(kind, outcome_of(error))
+            raise
+        results: list = [None] * len(bodies)
+        failures: list[BaseException] = []
+        left = [len(bodies)]
+        lock = threading.Lock()
+
+        def finish() -> None:
+            if failures:
+                error = next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
+                self.stats.count(kind, outcome_of(error))
+                job.future.set_exception(error)
+            else:
+                try:
+                    job.future.set_result(combine(results))
+                    self.stats.count(kind, Outcome.OK)
+                except BaseException as error:  # a bug must reach the person as a message, never hang a front end
+                    log.exception("%s failed", kind)
+                    self.stats.count(kind, Outcome.FAILED)
+                    job.future.set_exception(GenerationFailed(f"internal error: {describe_error(error)}"))
+
+        def run(i: int, body: Callable[[Ticket, float], object], ticket: Ticket) -> None:
+            try:
+                results[i] = body(ticket, started)
+            except BaseException as error:
+                if not isinstance(error, AcceldemoError):
+                    log.exception("%s failed", kind)
+                    error = GenerationFailed(f"internal error: {describe_error(error)}")
+                with lock:
+                    failures.append(error)
+                job.cancel()  # the request has failed: its other images stop at their next step, or leave the line
+            finally:
+                self.line.release(ticket)  # a no-op after attempt() released it; frees it if the body never started
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    finish()
+
+        for i, (body, ticket) in enumerate(zip(bodies, tickets)):
+            threading.Thread(target=run, args=(i, body, ticket), name=f"{kind}-{ticket.number}", daemon=True).start()
+        return job
+
+    def _retry_after(self, request: Request, ahead: int, candidates: list[DeviceSet]) -> int:
+        """Seconds until a device this request could use is likely free: the requests ahead of it for those devices
+        (and the ones running on them) at the recent latency of its model and shape, spread over the devices."""
+        latency = self.ledger.latency(request.model, request.shape)
+        if latency is None:
+            latency = max((r.last_latency or 0.0 for r in self.supervisor.replicas().values()), default=0.0)
+        return max(1, math.ceil((ahead + 1) * (latency or 1.0) / max(len(candidates), 1)))
+
+    def _candidates(self, request: Request) -> list[DeviceSet]:
+        """The device sets a request may run on: the one it names, or the hardware's replicas."""
+        if request.devices is not None:
+            return [request.devices]
+        hardware = self.hardware.get(request.hardware)
+        size = local_devices(request.placement, request.tp_size, self.settings.pool_nnodes)
+        return hardware.device_sets(size)[:self.settings.replicas_of(hardware.name)]
+
+    def _preference(self, request: Request) -> Callable[[DeviceSet], int]:
+        """Where a request is best served: its pipeline resident with its shape compiled, then resident, then any."""
+        def preference(devices: DeviceSet) -> int:
+            key = request.key(devices)
+            if not self.residency.is_resident(key):
+                return 0
+            return 2 if self.ledger.holds(key, request.graph_key) else 1
+        return preference
+
+    # --- running on the devices a ticket got ------------------------------------------------------------------------
+
+    def _run(self, devices: DeviceSet, request: Request, on_progress: ProgressCallback, cancelled, warm_up: bool,
+             started: float, queue_wait: float) -> GenerateResult:
+        progress = self.supervisor.following(devices, request.shape, on_progress)
+        progress(Progress(Phase.QUEUE, f"running on {devices}", 0))
+        served = None
+        try:
+            resident, load_seconds = self.residency.acquire(request.key(devices), request.spec, progress)
+            try:
+                result = self._call(resident.loaded, request.key(devices), request, progress, cancelled, warm_up,
+                                    queue_wait, load_seconds, started)
+            finally:
+                self.residency.release(resident)
+            if not warm_up:
+                served = result.seconds - result.queue_wait - result.load_seconds
+        finally:
+            self.supervisor.idle(devices, served)
+        return result
+
+    def _call(self, loaded, key, request: Request, on_progress, cancelled, warm_up: bool, queue_wait: float,
+              load_seconds: float, started: float) -> GenerateResult:
+        visit = self.ledger.begin(key, request)
+        try:
+            out = loaded.run(request, visit.expect_compile, on_progress, cancelled)
+        except AcceldemoError:
+            self.ledger.abandoned(visit)
+            raise
+        except Exception as error:  # a compiler or pipeline failure must not take the server down
+            what = describe_error(error)
+            self.ledger.failed(visit, what)
+            log.exception("generation failed for %s at %s", key, request.shape)
+            raise GenerationFailed(f"{key} failed at {request.shape}: {what}") from None
+        self.artifacts.record(out.package_events)
+        self.ledger.finished(visit, out, warm_up)
+        result = GenerateResult(
+            request=request, key=key, images=out.images, seconds=time.perf_counter() - started,
+            queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
+            new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
+            compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
+            unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt))
+        self.stats.observe(result)
+        if cancelled():
+            raise Cancelled(f"stopped at {request.shape} after {len(out.step_seconds) + 1} of {request.steps} "
+                            f"steps; {key.devices} is free for the next job")
+        return result
+
+    # --- the views --------------------------------------------------------------------------------------------------
+
+    def queue_depth(self) -> int:
+        """Requests waiting in line (running ones not counted), from every front end."""
+        return len(self.line.waiting())
+
+    def offer(self, model: object, hardware: object, placement: Placement | None = None) -> Offer:
+        """What a model can do on a hardware here: the proposed placement, each mode with why not, the TP sizes."""
+        spec, adapter = get_model(model), self.hardware.get(hardware)
+        found = adapter.detect()
+        if not found.available:
+            return Offer(spec.name, adapter.name, False, found.reason, None, (), ())
+        proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes())
+        return Offer(spec.name, adapter.name, True, found.reason, proposal,
+                     tuple(mode_options(spec, adapter, placement)),
+                     tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)))
+
+    def describe(self) -> Description:
+        """What this host offers: every hardware (absent ones with why), every model with what it can do here."""
+        found = self.hardware.detect_all()
+        hardware = tuple(HardwareView(hw.name, found[hw.name].available, found[hw.name].reason,
+                                      found[hw.name].generation, hw.devices(), hw.modes, hw.compile_backend,
+                                      hw.dist_backend) for hw in self.hardware)
+        here = [hw.name for hw in hardware if hw.available]
+        models = []
+        for spec in CATALOG.values():
+            available, where = model_availability(spec, self.settings)
+            models.append(ModelView(
+                spec.name, spec.title, spec.pipeline_class, spec.repo, spec.description, spec.steps, spec.guidance,
+                spec.default_shape, spec.presets, spec.only_presets, spec.granularity, spec.example_prompts,
+                available, where, spec.name == self.settings.default_model,
+                tuple(self.offer(spec.name, name) for name in here)))
+        return Description(hardware, tuple(models), self.settings.default_model, self.hardware.best_available(),
+                           self.settings.pool_nnodes, self.artifacts.report(self.settings.precompile))
+
+    def snapshot(self) -> Snapshot:
+        """What runs here now: the start-up warm-up, the line, the counters, devices, replicas, pipelines."""
+        running, waiting = self.line.running(), self.line.waiting()
+        residents = self.residency.views()
+        resident_keys = [v.key for v in residents if v.resident]
+        devices = []
+        for device in self.hardware.devices():
+            at = (device.hardware, device.index)
+            ticket = running.get(at)
+            devices.append(DeviceView(device, ticket.what if ticket else None, sum(at in t.devices for t in waiting),
+                                      tuple(str(k) for k in resident_keys if k.devices is not None
+                                            and k.hardware == device.hardware and device.index in k.devices.indices)))
+        known = self.supervisor.replicas()
+        sets = {d for hw in self.hardware for d in hw.device_sets(1)[:self.settings.replicas_of(hw.name)]}
+        sets |= {k.devices for k in resident_keys if k.devices is not None} | set(known)
+        replicas = []
+        for devices_set in sorted(sets):
+            replica = known.get(devices_set, Replica(devices_set))
+            mine = {(devices_set.hardware, i) for i in devices_set.indices}
+            if replica.state is ReplicaState.IDLE and mine & set(running):
+                state, shown = ReplicaState.BUSY, str(ReplicaState.BUSY)
+            else:
+                state, shown = replica.state, replica.shown
+            replicas.append(ReplicaView(
+                devices_set, state, shown, sum(bool(t.devices & mine) for t in waiting),
+                tuple(self.ledger.ready_on(devices_set)), replica.served, replica.last_latency, replica.restarts,
+                tuple(str(k) for k in resident_keys if k.devices == devices_set)))
+        pipelines = tuple(PipelineView(v.key, v.resident, v.busy, v.load_seconds, self.ledger.shapes(v.key))
+                          for v in residents)
+        return Snapshot(self.startup, len(waiting), self.settings.queue_size, self.stats.snapshot(), tuple(devices),
+                        tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile))
+
+
+def _sides(shape: object) -> tuple[int, int]:
+    """A warm-up shape's width and height: a Shape, or WIDTHxHEIGHT text."""
+    parsed = parse_resolution(shape)
+    return parsed.width, parsed.height
