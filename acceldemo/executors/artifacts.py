@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ..records import Phase
+
 log = logging.getLogger("acceldemo.artifacts")
 
 EVENTS = ("built", "loaded", "rejected")
@@ -31,7 +33,7 @@ EVENTS = ("built", "loaded", "rejected")
 
 class ArtifactStore:
     """One folder of packages, each written atomically beside a JSON file saying what it is; and what its owner
-    (the session manager) has seen happen to them since start."""
+    (the engine) has seen happen to them since start."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -182,7 +184,7 @@ class PrecompiledTransformer:
     def _runner(self, key: str, inputs: dict) -> Callable:
         path = self.store.path(self.model, self.hardware.name, {**self.scope, "inputs": key})
         def waiting() -> None:
-            self.notify("compile", f"waiting for another process compiling {self.label} (it saves the package for "
+            self.notify(Phase.COMPILE, f"waiting for another process compiling {self.label} (it saves the package for "
                                    "this one)")
 
         with self.store.building(path, waiting):
@@ -193,7 +195,7 @@ class PrecompiledTransformer:
         return runner
 
     def _load(self, path: Path) -> Callable | None:
-        self.notify("load", f"loading the precompiled transformer for {self.label} ({path.name})")
+        self.notify(Phase.LOAD, f"loading the precompiled transformer for {self.label} ({path.name})")
         started = time.perf_counter()
         try:
             runner = self._open(path)
@@ -209,7 +211,7 @@ class PrecompiledTransformer:
     def _build(self, path: Path, inputs: dict) -> Callable:
         import torch
 
-        self.notify("compile", f"compiling {self.label} ahead of time with AOTInductor (first time for this "
+        self.notify(Phase.COMPILE, f"compiling {self.label} ahead of time with AOTInductor (first time for this "
                                "shape; saved for restarts)")
         started = time.perf_counter()
         del self.transformer.forward  # export traces the class's own forward, not this stand-in

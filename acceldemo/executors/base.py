@@ -1,17 +1,18 @@
-"""What the session manager asks of an executor, whether the pipeline lives here or in a worker pool."""
+"""What the engine asks of an executor, whether the pipeline lives here or in a worker pool."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..models.catalog import ModelSpec
-from ..records import GenerateRequest, PipelineKey, ProgressCallback, RunOutput
+from ..records import PipelineKey, ProgressCallback, Request, RunOutput
 
 
 class LoadedPipeline(Protocol):
-    """A pipeline placed and compiled per its key, ready to run requests."""
+    """A pipeline placed and compiled per its key, ready to run checked requests."""
 
-    def run(self, request: GenerateRequest, expect_compile: bool, on_progress: ProgressCallback,
-            cancelled=...) -> RunOutput: ...
+    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
+            cancelled: Callable[[], bool] = ...) -> RunOutput: ...
 
     def close(self) -> None: ...
 

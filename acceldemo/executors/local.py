@@ -6,12 +6,12 @@ import logging
 import time
 
 from ..config import Settings
-from ..hardware import get_hardware
+from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import load_pipeline
-from ..records import GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
+from ..records import Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import ArtifactStore
-from .recipe import apply_recipe, precompiles, run_pipeline
+from .recipe import apply_recipe, precompiles, recompile_limits, run_pipeline
 
 log = logging.getLogger("acceldemo.executor")
 
@@ -19,13 +19,13 @@ log = logging.getLogger("acceldemo.executor")
 class LocalPipeline:
     """A pipeline resident in this process."""
 
-    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe):
-        self.key, self.spec, self.pipe = key, spec, pipe
-        self.hardware = get_hardware(key.hardware)
+    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe, hardware: Hardware, limits: dict[str, int]):
+        self.key, self.spec, self.pipe, self.hardware, self.limits = key, spec, pipe, hardware, limits
 
-    def run(self, request: GenerateRequest, expect_compile: bool, on_progress: ProgressCallback,
+    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
-        return run_pipeline(self.pipe, self.spec, self.hardware, request, expect_compile, on_progress, cancelled)
+        return run_pipeline(self.pipe, self.hardware, request, expect_compile, on_progress, cancelled,
+                            limits=self.limits)
 
     def close(self) -> None:
         self.pipe = None
@@ -36,25 +36,25 @@ class LocalPipeline:
 class LocalExecutor:
     """Loads pipelines into this process."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, settings: Settings, hardware: HardwareRegistry):
+        self.settings, self.hardware = settings, hardware
         self.store = ArtifactStore.of(settings)
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
-        hardware = get_hardware(key.hardware)
+        hardware = self.hardware.get(key.hardware)
         hardware.activate()
         started = time.perf_counter()
-        on_progress(Progress("load", f"loading {spec.title}"))
+        on_progress(Progress(Phase.LOAD, f"loading {spec.title}"))
         pipe = load_pipeline(spec, self.settings)
         # Progress goes through our own events; diffusers' tqdm bars would only clutter logs.
         pipe.set_progress_bar_config(disable=True)
-        on_progress(Progress("load", f"placing on {key.devices} ({key.placement}, {key.mode})",
+        on_progress(Progress(Phase.LOAD, f"placing on {key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
         store = self.store if precompiles(self.settings, hardware, key.mode, key.placement) else None
-        apply_recipe(pipe, hardware, key.mode, key.placement, store, spec.name, hardware.torch_device(key.devices),
-                     self.settings)
+        apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec.name,
+                     hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
-        return LocalPipeline(key, spec, pipe)
+        return LocalPipeline(key, spec, pipe, hardware, recompile_limits(self.settings))
 
     def close(self) -> None:
         """Nothing of its own to stop: its pipelines are closed one by one by whoever loaded them."""

@@ -31,11 +31,12 @@ from pathlib import Path
 
 from ..config import PoolLaunch, Settings
 from ..errors import ReplicaLost, UnsupportedCombination
-from ..hardware import COMPILED_MODES, Hardware, get_hardware
+from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
-from ..records import DeviceSet, GenerateRequest, PipelineKey, Progress, ProgressCallback, RunOutput
-from .worker import Command, RankInfo
+from ..records import DeviceSet, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from .worker import (Broken, Cancel, Command, Done, Failed, Load, RankInfo, Reported, Run, Shutdown, Status,
+                     Unload)
 
 log = logging.getLogger("acceldemo.pool")
 
@@ -93,7 +94,7 @@ class _Pool:
         nodes = self.settings.pool_nnodes if self.world_size > 1 else 1
         per_node = self.world_size // nodes  # validation keeps tp_size a multiple of the nodes
         started = time.perf_counter()
-        on_progress(Progress("load", f"starting {self.world_size} rank(s) on {self.devices} (torchrun)"))
+        on_progress(Progress(Phase.LOAD, f"starting {self.world_size} rank(s) on {self.devices} (torchrun)"))
         rendezvous = _rendezvous_args(nodes, self.settings.pool_rdzv_endpoint)
         authkey = secrets.token_bytes(32)
         launch = PoolLaunch(authkey, os.getpid(), self.settings)
@@ -114,8 +115,8 @@ class _Pool:
                                          env=env, start_new_session=True)
         _LIVE.add(self)
         self.conn = self._connect(address, authkey, time.monotonic() + self.timeout_s())
-        self.ranks = tuple(self.call(Command("status"), on_progress))
-        on_progress(Progress("load", f"{self.world_size} ranks up in {time.perf_counter() - started:.1f} s (pids "
+        self.ranks = tuple(self.call(Status(), on_progress))
+        on_progress(Progress(Phase.LOAD, f"{self.world_size} ranks up in {time.perf_counter() - started:.1f} s (pids "
                                      f"{', '.join(str(r.pid) for r in self.ranks)})",
                              elapsed=time.perf_counter() - started))
 
@@ -149,7 +150,7 @@ class _Pool:
             # Asked only when idle: a command in flight owns the channel (and a busy rank 0 would not listen).
             if polite and self.conn is not None and self.lock.acquire(blocking=False):
                 try:
-                    self.conn.send(Command("shutdown"))
+                    self.conn.send(Shutdown())
                     self._wait(SHUTDOWN_GRACE_S)
                 except (OSError, ValueError):
                     pass
@@ -191,31 +192,32 @@ class _Pool:
             self._send(command)
             cancel_sent = False
             while True:
-                kind, value = self._receive(command, deadline, limit)
-                if kind == "progress":
+                reply = self._receive(command, deadline, limit)
+                if isinstance(reply, Reported):
                     try:
-                        on_progress(value)
+                        on_progress(reply.event)
                     except Exception as error:  # the answer still has to be read, or the channel desyncs
                         callback_error = callback_error or error
                     if not cancel_sent and cancelled():
-                        self._send(Command("cancel"))
+                        self._send(Cancel())
                         cancel_sent = True
                     continue
                 if callback_error is not None:
                     raise callback_error
-                if kind == "done":
-                    return value
-                if kind == "failed":
-                    raise value
-                raise self._died(command, f"rank 0 reports the process group broken {value}")
+                if isinstance(reply, Done):
+                    return reply.value
+                if isinstance(reply, Failed):
+                    raise reply.error
+                why = reply.why if isinstance(reply, Broken) else f"an unknown answer {type(reply).__name__}"
+                raise self._died(command, f"rank 0 reports the process group broken {why}")
 
-    def _send(self, command: Command) -> None:
+    def _send(self, command: Command | Cancel) -> None:
         try:
             self.conn.send(command)
         except (OSError, ValueError) as error:
             raise self._died(command, f"rank 0's channel is closed ({type(error).__name__})") from None
 
-    def _receive(self, command: Command, deadline: float, limit: float) -> tuple[str, object]:
+    def _receive(self, command: Command, deadline: float, limit: float):
         """The next message from rank 0; watches torchrun and the deadline meanwhile."""
         while True:
             try:
@@ -271,10 +273,9 @@ class PoolPipeline:
         if pool is self.pool and self.id in pool.pipelines:
             return pool
         if self.pool is not None:
-            on_progress(Progress("load", f"the pool was restarted: loading {self.spec.title} again"))
+            on_progress(Progress(Phase.LOAD, f"the pool was restarted: loading {self.spec.title} again"))
         try:
-            self.sharded = pool.call(Command("load", self.id, (self.key, self.spec)),
-                                     on_progress)
+            self.sharded = pool.call(Load(self.id, self.key, self.spec), on_progress)
         except Exception:
             # Ranks that did load free it again, and a pool that holds nothing gives its devices back.
             self.executor.unload(pool, self.id)
@@ -283,14 +284,14 @@ class PoolPipeline:
         self.pool = pool
         return pool
 
-    def run(self, request: GenerateRequest, expect_compile: bool, on_progress: ProgressCallback,
+    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
         """One request on every rank; rank 0's images come back (PIL, or float arrays for output_type "np")."""
         before = self.pool
         pool = self.ensure_loaded(on_progress)
-        if before is not None and pool is not before and self.key.mode in COMPILED_MODES:
+        if before is not None and pool is not before and self.key.mode.compiles:
             expect_compile = True  # a restarted pool's ranks have compiled nothing yet: say so while they do
-        out = pool.call(Command("run", self.id, (request, expect_compile, output_type)), on_progress, cancelled)
+        out = pool.call(Run(self.id, request, expect_compile, output_type), on_progress, cancelled)
         if output_type == "pil":
             from PIL import Image
 
@@ -306,7 +307,8 @@ class PoolPipeline:
 class PoolExecutor:
     """Loads pipelines into torchrun worker pools, one pool per device set; `close()` ends them all."""
 
-    def __init__(self, settings: Settings, timeout_s: float | None = None):
+    def __init__(self, settings: Settings, hardware: HardwareRegistry, timeout_s: float | None = None):
+        self.hardware = hardware
         self.timeout_s = timeout_s or settings.pool_timeout_s
         # The ranks' process-group timeout is the executor's own limit: the two sides of a pool never disagree.
         self.settings = dataclasses.replace(settings, pool_timeout_s=self.timeout_s)
@@ -329,10 +331,10 @@ class PoolExecutor:
                 return pool
             if pool is not None:
                 why = f"it has {pool.world_size} ranks" if pool.alive() else (pool.dead or "it exited")
-                on_progress(Progress("load", f"replacing the {pool.name} ({why})"))
+                on_progress(Progress(Phase.LOAD, f"replacing the {pool.name} ({why})"))
                 pool.stop()
-            pool = self._pools[devices] = _Pool(get_hardware(devices.hardware), devices, world_size, self.settings,
-                                                lambda: self.timeout_s)
+            pool = self._pools[devices] = _Pool(self.hardware.get(devices.hardware), devices, world_size,
+                                                self.settings, lambda: self.timeout_s)
         pool.start(on_progress)
         return pool
 
@@ -341,7 +343,7 @@ class PoolExecutor:
         pool.pipelines.discard(pipeline)
         if pool.alive() and pool.pipelines:
             try:
-                pool.call(Command("unload", pipeline), lambda event: None)
+                pool.call(Unload(pipeline), lambda event: None)
             except Exception as error:  # freeing is best effort: a broken pool is stopped below anyway
                 log.warning("unloading %s failed: %s", pipeline, error)
         if not pool.pipelines or not pool.alive():
@@ -357,7 +359,7 @@ class PoolExecutor:
             ranks, busy = pool.ranks, pool.lock.locked()
             if pool.alive() and not busy:
                 try:
-                    ranks = pool.ranks = tuple(pool.call(Command("status"), lambda event: None))
+                    ranks = pool.ranks = tuple(pool.call(Status(), lambda event: None))
                 except Exception as error:
                     log.warning("health check of the %s failed: %s", pool.name, error)
             found.append(PoolHealth(pool.devices, pool.world_size, pool.alive(), busy,
@@ -384,8 +386,8 @@ def _rendezvous_args(nodes: int, endpoint: str | None) -> list[str]:
 
 
 def _doing(command: Command) -> str:
-    return {"load": "while loading", "run": "during the request", "status": "while starting"}.get(
-        command.kind, f"during {command.kind}")
+    return {Load: "while loading", Run: "during the request", Status: "while starting"}.get(
+        type(command), f"during {type(command).__name__}")
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.S)
@@ -426,6 +428,6 @@ _LIVE: "weakref.WeakSet[_Pool]" = weakref.WeakSet()
 
 @atexit.register
 def _stop_live_pools() -> None:
-    """An app that exits without closing its manager still takes its pools with it."""
+    """An app that exits without closing its engine still takes its pools with it."""
     for pool in list(_LIVE):
         pool.stop()

@@ -7,11 +7,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from .. import config
 from ..config import Settings
-from ..hardware import COMPILED_MODES, Hardware
-from ..models.catalog import ModelSpec
-from ..records import GenerateRequest, Progress, ProgressCallback, RunOutput
+from ..hardware import Hardware
+from ..records import Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import ArtifactStore, PrecompiledTransformer
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
@@ -19,64 +17,63 @@ from .artifacts import ArtifactStore, PrecompiledTransformer
 GRAPHS_PER_SHAPE = 4
 
 
-def size_recompile_limit(settings: Settings) -> None:
-    """Give dynamo room for every shape the app allows, so a new shape never hits the default limit of 8.
+def recompile_limits(settings: Settings) -> dict[str, int]:
+    """Dynamo's limits sized for every shape the app allows, so a new shape never hits the default limit of 8.
 
-    Dynamo's limits are process-wide; every process that applies a compiled recipe sizes them from its settings.
+    In torch 2.13 a change to dynamo's config holds only in the thread (context) that made it, so a compiled call
+    runs under these limits wherever it runs (`run_pipeline`), not once at load time.
     """
-    import torch._dynamo
-
     wanted = GRAPHS_PER_SHAPE * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines, 1)
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, wanted)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * wanted)
+    return {"recompile_limit": wanted, "accumulated_recompile_limit": 4 * wanted}
 
 
-def precompiles(settings: Settings, hardware: Hardware, mode: str, placement: str) -> bool:
+def precompiles(settings: Settings, hardware: Hardware, mode: Mode, placement: Placement) -> bool:
     """Whether mode compiled is served from saved AOTInductor packages rather than `transformer.compile`."""
-    return (settings.precompile == "auto" and mode == "compiled" and placement == "device"
+    return (settings.precompile == "auto" and mode is Mode.COMPILED and placement is Placement.DEVICE
             and hardware.aot_artifacts and hardware.compile_backend == "inductor")
 
 
-def compile_transformer(pipe, backend: str, mode: str) -> None:
+def compile_transformer(pipe, backend: str, mode: Mode) -> None:
     """The recipes' compile: the whole transformer, or only its repeated block, for static shapes."""
-    if mode == "compiled":
+    if mode is Mode.COMPILED:
         pipe.transformer.compile(backend=backend, fullgraph=True, dynamic=False)
-    elif mode == "regional":
+    elif mode is Mode.REGIONAL:
         pipe.transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
 
 
-def apply_recipe(pipe, hardware: Hardware, mode: str, placement: str, precompiled: ArtifactStore | None = None,
-                 model: str = "", device: str | None = None, settings: Settings | None = None) -> None:
+def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, settings: Settings,
+                 precompiled: ArtifactStore | None = None, model: str = "", device: str | None = None) -> None:
     """Place the pipeline on `device` (the hardware's own device string by default) or offload it, and compile its
     transformer as the model recipes do.
 
     With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
     of time, one package per shape (see `artifacts`).
     """
-    if placement == "offload":
+    if placement is Placement.OFFLOAD:
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
         pipe.to(device or hardware.device)
-    if mode in COMPILED_MODES:
-        size_recompile_limit(settings or config.settings())
-    if mode == "compiled" and precompiled is not None:
+    if mode is Mode.COMPILED and precompiled is not None:
         PrecompiledTransformer.install(pipe, precompiled, model, hardware)
     else:
         compile_transformer(pipe, hardware.compile_backend, mode)
 
 
-def pipeline_kwargs(spec: ModelSpec, request: GenerateRequest, output_type: str = "pil", **extra) -> dict:
-    """The diffusers call for a request: the same arguments wherever the pipeline runs (and in the bench)."""
+def pipeline_kwargs(request: Request, output_type: str = "pil", **extra) -> dict:
+    """The diffusers call for a request: the same arguments wherever the pipeline runs (and in the bench).
+
+    One CPU generator per image (seed, seed+1, ...), so image i is the image its seed gives alone; on CPU, as the
+    FLUX.2-dev recipe makes it, because out-of-tree devices have no generator of their own.
+    """
     import torch
 
+    generators = [torch.Generator("cpu").manual_seed(seed) for seed in request.seeds]
     kwargs = dict(
-        prompt=request.prompt, height=int(request.height), width=int(request.width),
-        num_inference_steps=int(request.steps), guidance_scale=float(request.guidance),
-        num_images_per_prompt=int(request.num_images),
-        generator=torch.Generator("cpu").manual_seed(int(request.seed)), output_type=output_type, **extra)
-    if spec.max_sequence_length:
-        kwargs["max_sequence_length"] = spec.max_sequence_length
+        prompt=request.prompt, height=request.height, width=request.width, num_inference_steps=request.steps,
+        guidance_scale=request.guidance, num_images_per_prompt=request.num_images,
+        generator=generators[0] if len(generators) == 1 else generators, output_type=output_type, **extra)
+    if request.spec.max_sequence_length:
+        kwargs["max_sequence_length"] = request.spec.max_sequence_length
     return kwargs
 
 
@@ -159,38 +156,42 @@ class _CompileMeter:
         self.package_events = {event: events[event] for event in ("built", "loaded", "rejected") if events[event]}
 
 
-def run_pipeline(pipe, spec: ModelSpec, hardware: Hardware, request: GenerateRequest, expect_compile: bool,
-                 on_progress: ProgressCallback, cancelled: Callable[[], bool] = lambda: False,
-                 output_type: str = "pil") -> RunOutput:
+def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: bool, on_progress: ProgressCallback,
+                 cancelled: Callable[[], bool] = lambda: False, output_type: str = "pil",
+                 limits: dict[str, int] | None = None) -> RunOutput:
     """One pipeline call with progress per phase; counts the graphs it compiled.
 
-    `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly.
+    `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly; `limits`:
+    dynamo's recompile limits for a compiled mode (`recompile_limits`).
     """
-    steps = int(request.steps)
+    import torch._dynamo
+
+    steps = request.steps
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
 
     def on_step_end(pipeline, i, t, tensors):
         step_ends.append(time.perf_counter())
-        on_progress(Progress("denoise", f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started))
+        on_progress(Progress(Phase.DENOISE, f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started))
         if cancelled():
             pipeline._interrupt = True
         if i + 1 == steps:
-            on_progress(Progress("decode", "decoding the image", elapsed=step_ends[-1] - started))
+            on_progress(Progress(Phase.DECODE, "decoding the image", elapsed=step_ends[-1] - started))
         return tensors
 
     precompiled = pipe.transformer.forward if isinstance(pipe.transformer.forward, PrecompiledTransformer) else None
     if precompiled is not None:  # it knows whether a shape's package is built now or loaded from disk
-        precompiled.label = f"{request.width}x{request.height}"
+        precompiled.label = str(request.shape)
         precompiled.notify = lambda phase, text: on_progress(Progress(phase, text, elapsed=time.perf_counter()
                                                                       - started))
     elif expect_compile:
-        on_progress(Progress("compile", f"compiling {request.width}x{request.height} (first time for this shape)"))
-    kwargs = pipeline_kwargs(spec, request, output_type, callback_on_step_end=on_step_end)
+        on_progress(Progress(Phase.COMPILE, f"compiling {request.shape} (first time for this shape)"))
+    kwargs = pipeline_kwargs(request, output_type, callback_on_step_end=on_step_end)
     # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
-    gate = contextlib.nullcontext() if request.mode not in COMPILED_MODES else \
+    gate = contextlib.nullcontext() if not request.mode.compiles else \
         COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
-    with gate, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode):
+    sized = torch._dynamo.config.patch(**limits) if limits and request.mode.compiles else contextlib.nullcontext()
+    with gate, sized, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode):
         started = time.perf_counter()
         images = pipe(**kwargs).images
         hardware.synchronize()

@@ -2,24 +2,25 @@
 from __future__ import annotations
 
 from ..config import Settings
-from ..hardware import get_hardware
+from ..hardware import HardwareRegistry
 from ..models.catalog import ModelSpec
-from ..records import PipelineKey, ProgressCallback
+from ..records import Placement, PipelineKey, ProgressCallback
 from .base import Executor, LoadedPipeline
 from .local import LocalExecutor
 
 
 class RoutingExecutor:
-    """The executor the session manager is given: this process for devices it can drive itself, a worker pool
+    """The executor the engine is given: this process for devices it can drive itself, a worker pool
     pinned to the key's devices for tensor parallelism and for devices only a process of their own can drive."""
 
-    def __init__(self, settings: Settings, local: Executor | None = None, pools: Executor | None = None):
-        self.settings = settings
-        self.local = local or LocalExecutor(settings)
+    def __init__(self, settings: Settings, hardware: HardwareRegistry, local: Executor | None = None,
+                 pools: Executor | None = None):
+        self.settings, self.hardware = settings, hardware
+        self.local = local or LocalExecutor(settings, hardware)
         self._pools = pools
 
     def executor_for(self, key: PipelineKey) -> Executor:
-        if key.placement != "tp" and get_hardware(key.hardware).in_process(key.devices):
+        if key.placement is not Placement.TP and self.hardware.get(key.hardware).in_process(key.devices):
             return self.local
         return self.pools
 
@@ -29,7 +30,7 @@ class RoutingExecutor:
         if self._pools is None:
             from .pool import PoolExecutor
 
-            self._pools = PoolExecutor(self.settings)
+            self._pools = PoolExecutor(self.settings, self.hardware)
         return self._pools
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LoadedPipeline:

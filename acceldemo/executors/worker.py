@@ -3,10 +3,11 @@
 Launched by the pool executor (or, on further nodes, by an operator) as
 `python -m torch.distributed.run --nproc_per_node=N -m acceldemo.executors.worker --hardware HW [--devices HW:I-J]
 [--socket PATH]`.
-Rank 0 takes one `Command` at a time from the app, fans it out to every rank with `broadcast_object_list` on a
-gloo control group, runs its own share, learns every rank's outcome with `all_gather_object`, and answers:
-("progress", Progress)*, then ("done", value) | ("failed", exception) | ("broken", message) — after "broken"
-the process group is unusable and the ranks exit, so torchrun ends and the app restarts the pool.
+Rank 0 takes one command (`Load`, `Run`, `Unload`, `Status`, `Shutdown`) at a time from the app, fans it out to every
+rank with `broadcast_object_list` on a gloo control group, runs its own share, learns every rank's outcome with
+`all_gather_object`, and answers: `Reported` progress events, then `Done` | `Failed` | `Broken` — after `Broken`
+the process group is unusable and the ranks exit, so torchrun ends and the app restarts the pool. While a `Run` is in
+flight the app may send `Cancel`, which stops it at its next denoise step.
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from dataclasses import dataclass, field
 
 from ..config import PoolLaunch, Settings
 from ..errors import describe_error
-from ..records import DeviceSet, Progress, RunOutput, no_progress
+from ..models.catalog import ModelSpec
+from ..records import DeviceSet, Phase, PipelineKey, Progress, Request, RunOutput, no_progress
+
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
 HEARTBEAT_S = 10.0
@@ -39,13 +42,84 @@ EXIT_APP_GONE = 3
 log = logging.getLogger("acceldemo.worker")
 
 
-@dataclass(frozen=True)
-class Command:
-    """What the app asks of the pool: load | run | unload | status | cancel | shutdown (heartbeat is internal)."""
+# --- what the app sends rank 0, which fans every command but Cancel out to all ranks ----------------------------
 
-    kind: str
-    pipeline: str = ""
-    args: tuple = ()
+@dataclass(frozen=True)
+class Status:
+    """Each rank reports itself (`RankInfo`)."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load a pipeline (sharded over the ranks when there are several) under the app's id for it."""
+
+    pipeline: str
+    key: PipelineKey
+    spec: ModelSpec
+
+
+@dataclass(frozen=True)
+class Run:
+    """One checked request on every rank; rank 0's images come back (PNG bytes, or arrays for output_type "np")."""
+
+    pipeline: str
+    request: Request
+    expect_compile: bool
+    output_type: str = "pil"
+
+
+@dataclass(frozen=True)
+class Unload:
+    pipeline: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Every rank leaves; torchrun ends."""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Rank 0's own no-op while idle (never sent by the app)."""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop the running request at its next denoise step (read by rank 0 only, while a Run is in flight)."""
+
+
+Command = Status | Load | Run | Unload | Shutdown | Heartbeat
+
+
+# --- what rank 0 answers ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reported:
+    """A progress event of the command in flight."""
+
+    event: Progress
+
+
+@dataclass(frozen=True)
+class Done:
+    value: object = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The command failed on some rank (its exception); the pool serves on."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The process group itself failed: the ranks leave."""
+
+    why: str
+
+
+Reply = Reported | Done | Failed | Broken
 
 
 @dataclass(frozen=True)
@@ -110,7 +184,7 @@ class Channel:
             try:
                 if self.client.poll(min(left, 0.5)):
                     command = self.client.recv()
-                    if isinstance(command, Command) and command.kind != "cancel":
+                    if isinstance(command, Command):  # a Cancel arriving after its Run ended is dropped
                         return command
             except (EOFError, OSError):
                 self.client = None
@@ -123,23 +197,22 @@ class Channel:
                 self.client.close()
             self.client = self.arrivals.get()
 
-    def send(self, *message) -> None:
+    def send(self, reply: Reply) -> None:
         if self.client is None:
             return
         try:
-            self.client.send(message)
+            self.client.send(reply)
         except (OSError, ValueError):
             self.client = None
 
     def progress(self, event: Progress) -> None:
-        self.send("progress", event)
+        self.send(Reported(event))
 
     def take_cancel(self) -> bool:
         """Whether the app asked to stop the running request (read without waiting)."""
         try:
             while self.client is not None and self.client.poll(0):
-                command = self.client.recv()
-                self.cancel_asked |= isinstance(command, Command) and command.kind == "cancel"
+                self.cancel_asked |= isinstance(self.client.recv(), Cancel)
         except (EOFError, OSError):
             self.client = None
         return self.cancel_asked
@@ -149,6 +222,7 @@ class Rank:
     """What every rank holds and does: its process groups, its mesh, the pipelines it has loaded."""
 
     def __init__(self, hardware, settings: Settings, channel: Channel | None):
+        """Joins the process group: every rank of the pool must construct its Rank."""
         import datetime
 
         import torch.distributed as dist
@@ -165,7 +239,7 @@ class Rank:
         self.hardware = hardware
         self.settings = settings
         self.channel = channel
-        self.pipelines: dict[str, tuple] = {}  # id -> (pipeline, spec)
+        self.pipelines: dict[str, object] = {}  # id -> pipeline
         self.sharded: dict[str, list] = {}
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -173,19 +247,20 @@ class Rank:
     def serve(self) -> int:
         """Rank 0: take commands from the app, fan them out, answer. Returns the exit status."""
         while True:
-            command = self.channel.next_command(HEARTBEAT_S) or Command("heartbeat")
+            command = self.channel.next_command(HEARTBEAT_S) or Heartbeat()
             self.channel.cancel_asked = False
             try:
                 self._fan_out(command)
                 value, error = self._execute(command)
                 outcomes = self._gather(self._outcome(command, value, error))
             except Exception as broken:  # the group itself failed: a peer died or the network went
-                log.error("process group broken during %s: %s", command.kind, describe_error(broken))
-                self.channel.send("broken", f"during {command.kind}: {describe_error(broken)}")
+                what = type(command).__name__
+                log.error("process group broken during %s: %s", what, describe_error(broken))
+                self.channel.send(Broken(f"during {what}: {describe_error(broken)}"))
                 return 1
-            if command.kind != "heartbeat":
+            if not isinstance(command, Heartbeat):
                 self._answer(command, value, outcomes)
-            if command.kind == "shutdown":
+            if isinstance(command, Shutdown):
                 return 0
 
     def follow(self) -> int:
@@ -194,7 +269,7 @@ class Rank:
             command = self._fan_out(None)
             value, error = self._execute(command)
             self._gather(self._outcome(command, value, error))
-            if command.kind == "shutdown":
+            if isinstance(command, Shutdown):
                 return 0
 
     def _fan_out(self, command: Command | None) -> Command:
@@ -208,8 +283,12 @@ class Rank:
         return outcomes
 
     def _cancelled(self) -> bool:
-        """Asked by every rank at every step end: rank 0's answer (did the app cancel?) reaches all of them."""
-        box = [self.channel.take_cancel() if self.channel else False]
+        """Asked by every rank at every step end: rank 0's answer (did the app cancel?) reaches all of them. A pool of
+        one rank (a replica) has nobody to tell: a broadcast there would only add its cost to every step."""
+        asked = self.channel.take_cancel() if self.channel else False
+        if self.world_size == 1:
+            return asked
+        box = [asked]
         self.dist.broadcast_object_list(box, src=0, group=self.control)
         return bool(box[0])
 
@@ -217,67 +296,63 @@ class Rank:
 
     def _execute(self, command: Command) -> tuple[object, BaseException | None]:
         try:
-            handler = getattr(self, f"_do_{command.kind}")
-            return handler(command), None
+            return self._handlers[type(command)](self, command), None
         except Exception as error:  # a bad request: every rank reports, the pool keeps serving
-            log.exception("%s failed on rank %d", command.kind, self.rank)
+            log.exception("%s failed on rank %d", type(command).__name__, self.rank)
             return None, error
 
-    def _do_heartbeat(self, command: Command) -> None:
+    def _nothing(self, command: Heartbeat | Shutdown) -> None:
         return None
 
-    def _do_shutdown(self, command: Command) -> None:
-        return None
-
-    def _do_status(self, command: Command) -> RankInfo:
+    def _status(self, command: Status) -> RankInfo:
         return self._info()
 
-    def _do_load(self, command: Command) -> list:
+    def _load(self, command: Load) -> list:
         from ..models.tensor_parallel import load_sharded_pipeline
         from .artifacts import ArtifactStore
         from .recipe import apply_recipe, precompiles
 
-        key, spec = command.args
+        key, spec = command.key, command.spec
         progress = self.channel.progress if self.channel else no_progress
         started = time.perf_counter()
-        progress(Progress("load", f"loading {spec.title} sharded over {self.world_size} ranks"
+        progress(Progress(Phase.LOAD, f"loading {spec.title} sharded over {self.world_size} ranks"
                           if self.world_size > 1 else f"loading {spec.title}"))
         pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh)
         pipe.set_progress_bar_config(disable=True)
-        where = f"{key.mode}, tp{self.world_size}" if self.world_size > 1 else key.mode
-        progress(Progress("load", f"placing on {key.devices} ({where})",
-                          elapsed=time.perf_counter() - started))
+        where = f"{key.mode}, tp{self.world_size}" if self.world_size > 1 else str(key.mode)
+        progress(Progress(Phase.LOAD, f"placing on {key.devices} ({where})", elapsed=time.perf_counter() - started))
         # A whole pipeline (a pool of one rank: a replica) uses the host's precompiled packages like the app does;
         # sharded transformers cannot be exported into one.
         store = ArtifactStore.of(self.settings) if self.world_size == 1 and precompiles(
             self.settings, self.hardware, key.mode, key.placement) else None
         # The rank sees only its own devices: the first visible one is its device.
-        apply_recipe(pipe, self.hardware, key.mode, key.placement, store, spec.name,
-                     self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))), self.settings)
-        self.pipelines[command.pipeline] = (pipe, spec)
+        apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec.name,
+                     self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))
+        self.pipelines[command.pipeline] = pipe
         self.sharded[command.pipeline] = sharded
         return sharded
 
-    def _do_run(self, command: Command) -> RunOutput:
-        from .recipe import run_pipeline
+    def _run(self, command: Run) -> RunOutput | None:
+        from .recipe import recompile_limits, run_pipeline
 
-        request, expect_compile, output_type = command.args
-        pipe, spec = self._pipeline(command.pipeline)
+        pipe = self._pipeline(command.pipeline)
         progress = self.channel.progress if self.channel else no_progress
-        out = run_pipeline(pipe, spec, self.hardware, request, expect_compile, progress, self._cancelled,
-                           output_type=output_type)
+        out = run_pipeline(pipe, self.hardware, command.request, command.expect_compile, progress, self._cancelled,
+                           output_type=command.output_type, limits=recompile_limits(self.settings))
         if self.rank != 0:
             return None  # only rank 0 answers the app
-        images = [_png(image) for image in out.images] if output_type == "pil" else list(out.images)
+        images = [_png(image) for image in out.images] if command.output_type == "pil" else list(out.images)
         return dataclasses.replace(out, images=images)
 
-    def _do_unload(self, command: Command) -> None:
+    def _unload(self, command: Unload) -> None:
         self.pipelines.pop(command.pipeline, None)
         self.sharded.pop(command.pipeline, None)
         gc.collect()
         self.hardware.empty_cache()
 
-    def _pipeline(self, pipeline: str) -> tuple:
+    _handlers = {Heartbeat: _nothing, Shutdown: _nothing, Status: _status, Load: _load, Run: _run, Unload: _unload}
+
+    def _pipeline(self, pipeline: str):
         try:
             return self.pipelines[pipeline]
         except KeyError:
@@ -294,24 +369,24 @@ class Rank:
         out-of-memory one), or after a load its shard counts, after status its report."""
         if error is not None:
             return portable_error(error), None
-        return None, value if command.kind in ("load", "status") else None
+        return None, value if isinstance(command, Load | Status) else None
 
     def _answer(self, command: Command, value, outcomes: list) -> None:
         failed = [(rank, error) for rank, (error, _) in enumerate(outcomes) if error is not None]
         if failed:
             rank, error = failed[0]
-            log.error("%s failed on rank(s) %s; answering with rank %d's %s", command.kind,
+            log.error("%s failed on rank(s) %s; answering with rank %d's %s", type(command).__name__,
                       ", ".join(str(r) for r, _ in failed), rank, describe_error(error))
-            self.channel.send("failed", error)
+            self.channel.send(Failed(error))
             return
-        if command.kind == "load":
+        if isinstance(command, Load):
             for rank, (_, sharded) in enumerate(outcomes if self.world_size > 1 else ()):
                 shown = ", ".join(str(s) for s in sharded)
-                self.channel.progress(Progress("load", f"rank {rank} loaded: {shown} parameters sharded"))
+                self.channel.progress(Progress(Phase.LOAD, f"rank {rank} loaded: {shown} parameters sharded"))
             value = [sharded for _, sharded in outcomes]
-        elif command.kind == "status":
+        elif isinstance(command, Status):
             value = [info for _, info in outcomes]
-        self.channel.send("done", value)
+        self.channel.send(Done(value))
 
 
 def _png(image) -> bytes:
@@ -366,8 +441,7 @@ def _die_with_launcher() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .. import config
-    from ..hardware import get_hardware, hardware_names
+    from ..hardware import HardwareRegistry, hardware_names, prepare_process
 
     parser = argparse.ArgumentParser(prog="python -m acceldemo.executors.worker", description=__doc__)
     parser.add_argument("--hardware", required=True, choices=hardware_names())
@@ -377,14 +451,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Read and dropped before anything else runs, so no child of a rank (compiler workers) inherits the secret.
     launch = PoolLaunch.take_from_environment()
-    config.use(launch.settings)
+    prepare_process(launch.settings)
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     _die_with_launcher()
     if launch.app_pid:
         _exit_with(launch.app_pid, os.path.dirname(args.socket) if rank == 0 and args.socket else None)
 
-    hardware = get_hardware(args.hardware)
+    hardware = HardwareRegistry(launch.settings).get(args.hardware)
     devices = args.devices or DeviceSet(hardware.name, tuple(range(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
     # Before torch is imported: an adapter may choose the rank's core through the environment (Neuron).
     hardware.prepare_rank(local_rank, devices)
@@ -401,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as the imported module, not as __main__: the app pickles `acceldemo.executors.worker.Command`, and
-    # isinstance checks must see that class rather than a __main__ twin of it.
+    # Run as the imported module, not as __main__: the app pickles this module's commands (`Load`, `Run`, ...), and
+    # isinstance checks must see those classes rather than __main__ twins of them.
     from acceldemo.executors.worker import main as imported_main
 
     sys.exit(imported_main())
