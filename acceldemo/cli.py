@@ -8,13 +8,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import config
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench
-from .engine import PLACEMENTS
+from .config import Settings
 from .errors import AcceldemoError, InvalidRequest
-from .hardware import all_modes, hardware_names
-from .records import GenerateRequest, Progress, Shape
+from .hardware import all_modes, hardware_names, prepare_process
+from .records import GenerateParams, Phase, Placement, Progress, Shape
 
 
 def _shape(text: str) -> Shape:
@@ -35,10 +34,10 @@ class TerminalProgress:
     def __call__(self, event: Progress) -> None:
         elapsed = time.perf_counter() - self.started
         text = f"[{elapsed:7.2f}s] {event.phase:<8} {event.message}"
-        if event.phase == "denoise" and self.tty:
+        if event.phase is Phase.DENOISE and self.tty:
             end = "\n" if event.step == event.total else "\r"
             self.stream.write(text + end)
-        elif event.phase != "denoise" or event.step == event.total:
+        elif event.phase is not Phase.DENOISE or event.step == event.total:
             self.stream.write(text + "\n")
         self.stream.flush()
 
@@ -48,8 +47,8 @@ def _request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", choices=hardware_names(),
                         help="default: the first accelerator found, else cpu")
     parser.add_argument("--device", help="a device (cuda:1) or group (neuron:0-1) to run on; default: any free one")
-    parser.add_argument("--mode", default="eager", choices=all_modes())
-    parser.add_argument("--placement", choices=PLACEMENTS,
+    parser.add_argument("--mode", choices=[str(m) for m in all_modes()], help="default: eager")
+    parser.add_argument("--placement", choices=[str(p) for p in Placement],
                         help="default: proposed from the model size and device memory")
     parser.add_argument("--tp", type=int, dest="tp_size", help="tensor-parallel world size with --placement tp")
     parser.add_argument("--size", type=_shape, action="append", dest="sizes", metavar="WxH",
@@ -67,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _request_args(generate)
     generate.add_argument("--steps", type=int)
     generate.add_argument("--guidance", type=float)
-    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--seed", type=int, help="default: a random seed (each image's is in its facts)")
     generate.add_argument("--repeat", type=int, default=1, help="runs per size (default 1)")
     generate.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs (default outputs/)")
     generate.add_argument("--json", action="store_true", help="one JSON line per image on stdout")
@@ -86,60 +85,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_info(args) -> int:
-    from .engine import mode_options, propose_placement
-    from .executors.artifacts import ArtifactStore
-    from .hardware import HARDWARE, detect_all
-    from .models.catalog import CATALOG
+def cmd_info(args, engine) -> int:
+    from .engine import as_json
 
-    settings = config.settings()
-    found = detect_all()
-    hardware = {name: {"available": a.available, "reason": a.reason,
-                       "devices": [{"device": str(d), "memory_gb": round(d.memory_bytes / 1e9, 1), "detail": d.detail}
-                                   for d in HARDWARE[name].devices()],
-                       "modes": list(HARDWARE[name].modes), "compile_backend": HARDWARE[name].compile_backend,
-                       "dist_backend": HARDWARE[name].dist_backend}
-                for name, a in found.items()}
-    models = {}
-    for spec in CATALOG.values():
-        models[spec.name] = {
-            "title": spec.title, "pipeline": spec.pipeline_class, "repo": spec.repo, "steps": spec.steps,
-            "guidance": spec.guidance, "default_size": str(spec.default_shape),
-            "presets": [str(s) for s in spec.presets], "granularity": spec.granularity,
-            "placement": {n: propose_placement(spec, a, HARDWARE[n].tensor_parallel_sizes()).__dict__
-                          for n, a in found.items() if a.available},
-            "modes": {n: {o.name: (o.ok, o.reason) for o in mode_options(spec, HARDWARE[n], None)}
-                      for n, a in found.items() if a.available}}
-    packages = ArtifactStore.of(settings).report(settings.precompile)
+    description = engine.describe()
     if args.json:
-        print(json.dumps({"hardware": hardware, "models": models, "default_model": settings.default_model,
-                          "precompiled": packages}, indent=2))
+        print(json.dumps(as_json(description), indent=2))
         return 0
     print("Hardware")
-    for name, h in hardware.items():
-        mark = "found " if h["available"] else "absent"
-        print(f"  {name:<7} {mark}  {h['reason']}" + (f"  modes: {', '.join(h['modes'])}" if h["available"] else ""))
-        for device in h["devices"]:
-            print(f"    {device['device']:<9} {device['memory_gb']:>7.1f} GB  {device['detail']}".rstrip())
-    print("Models" + f" (default {settings.default_model})")
-    for name, m in models.items():
-        print(f"  {name:<17} {m['pipeline']:<25} {m['steps']:>2} steps, guidance {m['guidance']}, "
-              f"default {m['default_size']}, presets {' '.join(m['presets'])}")
-        for hw, modes in m["modes"].items():
-            place = m["placement"][hw]
-            refused = [f"{mode} ({why})" for mode, (ok, why) in modes.items() if not ok]
-            print(f"      on {hw}: placement {place['name']} ({place['reason']})"
+    for h in description.hardware:
+        mark = "found " if h.available else "absent"
+        print(f"  {h.name:<7} {mark}  {h.reason}" + (f"  modes: {', '.join(h.modes)}" if h.available else ""))
+        for device in h.devices:
+            print(f"    {str(device):<9} {device.memory_bytes / 1e9:>7.1f} GB  {device.detail}".rstrip())
+    print(f"Models (default {description.default_model})")
+    for m in description.models:
+        print(f"  {m.name:<17} {m.pipeline:<25} {m.steps:>2} steps, guidance {m.guidance}, "
+              f"default {m.default_size}, presets {' '.join(map(str, m.presets))}")
+        for offer in m.offers:
+            refused = [f"{o.name} ({o.reason})" for o in offer.modes if not o.ok]
+            print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason})"
                   + (f"; not: {'; '.join(refused)}" if refused else ""))
+    packages = description.precompiled
     print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "
           f"({packages['megabytes']} MB)")
     return 0
 
 
-def _requests(args, prompt: str = "warm-up", **extra) -> list[GenerateRequest]:
-    sizes = args.sizes or [None]
-    return [GenerateRequest(prompt=prompt, model=args.model, hardware=args.hardware, mode=args.mode,
-                            placement=args.placement, tp_size=args.tp_size, device=args.device,
-                            width=s.width if s else None, height=s.height if s else None, **extra) for s in sizes]
+def _params(args, prompt: str = "warm-up", **extra) -> list[GenerateParams]:
+    """One raw request per --size (the model's default size without one)."""
+    return [GenerateParams(prompt=prompt, model=args.model, hardware=args.hardware, mode=args.mode,
+                           placement=args.placement, tp_size=args.tp_size, device=args.device, resolution=size,
+                           **extra) for size in args.sizes or [None]]
 
 
 def check_output_folder(folder: Path) -> Path:
@@ -154,16 +131,16 @@ def check_output_folder(folder: Path) -> Path:
     return folder
 
 
-def cmd_generate(args, manager) -> int:
+def cmd_generate(args, engine) -> int:
     if args.repeat < 1:
         raise InvalidRequest("repeat", args.repeat, "a whole number of at least 1")
-    requests = [manager.check(r) for r in
-                _requests(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed)]
+    requests = [engine.check(params) for params in
+                _params(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed)]
     check_output_folder(args.out)
     progress = TerminalProgress()
     for request in requests:
         for run in range(args.repeat):
-            result = manager.generate(request, progress)
+            result = engine.generate(request, progress)
             r = result.request
             if result.note and run == 0 and not args.json:
                 print(f"note: {result.note}", file=sys.stderr, flush=True)
@@ -180,16 +157,12 @@ def cmd_generate(args, manager) -> int:
     return 0
 
 
-def cmd_cache(args) -> int:
+def cmd_cache(args, settings: Settings) -> int:
     from .executors.artifacts import ArtifactStore
-    from .hardware import HARDWARE
+    from .hardware import HardwareRegistry
 
-    def here(hardware: str) -> str | None:
-        adapter = HARDWARE.get(hardware)
-        return adapter.toolchain() if adapter is not None and adapter.detect().available else None
-
-    store = ArtifactStore.of(config.settings())
-    removed = store.prune(here) if args.prune else []
+    store = ArtifactStore.of(settings)
+    removed = store.prune(HardwareRegistry(settings).toolchain_here) if args.prune else []
     packages = store.packages()
     if args.json:
         print(json.dumps({"folder": str(store.root), "packages": packages, "removed": removed}, indent=2))
@@ -203,10 +176,8 @@ def cmd_cache(args) -> int:
     return 0
 
 
-def cmd_warmup(args, manager) -> int:
-    base = manager.check(_requests(args)[0])
-    shapes = args.sizes or [base.shape]
-    for record in manager.warm_up(base, shapes, TerminalProgress()):
+def cmd_warmup(args, engine) -> int:
+    for record in engine.warm_up(_params(args)[0], args.sizes, TerminalProgress()):
         facts = {"shape": str(record.shape), "state": record.state, "graphs": record.graphs,
                  "compile_seconds": round(record.compile_seconds, 3), "first_call_seconds": record.first_call_seconds}
         print(json.dumps(facts) if args.json else
@@ -217,21 +188,19 @@ def cmd_warmup(args, manager) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "info":
-            return cmd_info(args)
+        settings = Settings.from_env()
+        prepare_process(settings)
         if args.command == "bench":
-            return cmd_bench(args)
+            return cmd_bench(args, settings)
         if args.command == "cache":
-            return cmd_cache(args)
-        from .engine import SessionManager
-        from .executors.routing import RoutingExecutor
+            return cmd_cache(args, settings)
+        from .builder import build_engine
 
-        settings = config.settings()
-        manager = SessionManager(settings, RoutingExecutor(settings))
+        engine = build_engine(settings)
         try:
-            return {"generate": cmd_generate, "warmup": cmd_warmup}[args.command](args, manager)
+            return {"info": cmd_info, "generate": cmd_generate, "warmup": cmd_warmup}[args.command](args, engine)
         finally:
-            manager.close()
-    except AcceldemoError as error:
+            engine.close()
+    except (AcceldemoError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"sections to run (default all: {','.join(SECTIONS)})")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, settings) -> int:
     """Run the asked-for sections, write the report files, print the table; 1 if a section failed."""
     from .report import markdown, write_report
     from .runner import PLANS, SECTIONS, BenchOptions, run_bench
@@ -38,7 +38,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = "python -m acceldemo bench" + ("" if level == "full" else f" --{level}") + \
         ("" if args.hardware == "cpu" else f" --hardware {args.hardware}") + \
         ("" if set(sections) == set(SECTIONS) else f" --sections {','.join(sections)}")
-    report = run_bench(BenchOptions(PLANS[level], args.hardware, sections, command))
+    report = run_bench(BenchOptions(PLANS[level], args.hardware, sections, command), settings)
     paths = write_report(report, args.out)
     print(markdown(report))
     print("written: " + ", ".join(str(p) for p in paths.values()))

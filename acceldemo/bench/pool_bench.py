@@ -1,6 +1,6 @@
 """Section 2: a warm call through the torchrun worker pool (1 and 2 ranks) ÷ the same call in this process.
 
-All three go through the executor interface the session manager uses (`LoadedPipeline.run`): the manager itself
+All three go through the executor interface the engine uses (`LoadedPipeline.run`): the engine itself
 refuses a 1-rank pool (a tp world of 1 is pointless to a person; the pool itself loads it whole), and its own cost
 is section 1's figure.
 """
@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import replace
 
-from ..records import PipelineKey, Shape, no_progress
+from ..records import Placement, Shape, no_progress
 from .figures import Figure, Spread, Target, interleaved, ratios
 
 POOL_MISSING = "pool: not measured (pool not available)"
@@ -29,7 +29,7 @@ class WarmPools:
 
         self.request = bench.request(POOL_MODE, SHAPE)
         # One executor per world size: a pool holds one world size, and every one must be warm to interleave them.
-        self.executors = {size: PoolExecutor(bench.manager.settings) for size in self.SIZES}
+        self.executors = {size: PoolExecutor(bench.engine.settings, bench.engine.hardware) for size in self.SIZES}
         self.loaded: dict[int, tuple] = {}
         self.refused: dict[int, str] = {}
         self.threads = [threading.Thread(target=self._start, args=(size,), name=f"bench-pool-tp{size}", daemon=True)
@@ -38,15 +38,12 @@ class WarmPools:
             thread.start()
 
     def _start(self, size: int) -> None:
-        from ..hardware import get_hardware
-        from ..models.catalog import get_model
-
         request = self.request
-        key = PipelineKey(request.model, request.hardware, request.mode, "tp", size,
-                          get_hardware(request.hardware).device_sets(size)[0])
-        sharded = replace(request, placement="tp", tp_size=size)
+        executor = self.executors[size]
+        sharded = replace(request, placement=Placement.TP, tp_size=size)
+        key = sharded.key(executor.hardware.get(request.hardware).device_sets(size)[0])
         try:
-            loaded = self.executors[size].load(key, get_model(request.model), no_progress)
+            loaded = executor.load(key, request.spec, no_progress)
             loaded.run(sharded, True, no_progress)
         except Exception as error:  # the pool's own refusal or failure is the figure's note
             self.refused[size] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
@@ -78,8 +75,8 @@ def measure_pool(bench, pools: WarmPools | str) -> list[Figure]:
     if not pools.loaded:
         return [_not_measured("pool_overhead_1_rank", f"{POOL_MISSING}: {pools.refused.get(1)}")]
     request = pools.request
-    bench.manager.generate(request)
-    local = next(p for k, p in bench.executor.loaded.items() if k.mode == request.mode and k.placement == "device")
+    bench.engine.generate(request)
+    local = next(p for k, p in bench.executor.loaded.items() if k.mode == request.mode and k.placement is Placement.DEVICE)
     inside: dict[int, list[float]] = {size: [] for size in pools.SIZES}  # rank 0's own seconds of each call
 
     def timed(loaded, req):
@@ -87,7 +84,7 @@ def measure_pool(bench, pools: WarmPools | str) -> list[Figure]:
             started = time.perf_counter()
             out = loaded.run(req, False, no_progress)
             seconds = time.perf_counter() - started
-            if req.placement == "tp":
+            if req.placement is Placement.TP:
                 inside[req.tp_size].append(out.seconds)
             return seconds
         return call

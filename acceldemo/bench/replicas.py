@@ -7,7 +7,6 @@ little CPU beside the server's. The replicas use a compile cache of their own, c
 """
 from __future__ import annotations
 
-import statistics
 import tempfile
 import threading
 import time

@@ -25,25 +25,28 @@ CHILD_TIMEOUT_S = 900
 
 def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
     """In the child: import, load, compile and run once; what each part cost, as one JSON-able dict."""
+    from ..config import Settings
+    from ..hardware import prepare_process
+
     started = time.perf_counter()
+    settings = Settings.from_env()
+    prepare_process(settings)  # its own cache dir's compiler caches, before torch loads
     import diffusers
 
-    from .. import config
-    from ..engine import SessionManager
-    from ..executors.routing import RoutingExecutor
+    from ..builder import build_engine
     from ..models.catalog import get_model
-    from ..records import GenerateRequest
+    from ..records import GenerateParams
 
     # Imports cost the same with or without caches: resolve the pipeline's lazy imports before the clock starts.
     getattr(diffusers, get_model(model).pipeline_class)
     imported = time.perf_counter()
-    manager = SessionManager(config.settings(), RoutingExecutor(config.settings()))
+    engine = build_engine(settings)
     try:
-        result = manager.generate(GenerateRequest(prompt="restart", model=model, hardware=hardware, mode=mode,
-                                                  resolution=size))
-        packages_loaded = manager.package_events()["loaded"]
+        result = engine.generate(GenerateParams(prompt="restart", model=model, hardware=hardware, mode=mode,
+                                                resolution=size, seed=0))
+        packages_loaded = engine.artifacts.counts()["loaded"]
     finally:
-        manager.close()
+        engine.close()
     from torch._dynamo.utils import compilation_time_metrics
 
     def spent(phase: str) -> float:

@@ -7,10 +7,11 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..records import GenerateRequest, Shape
+from ..config import Settings
+from ..records import GenerateParams, Request, Shape
 from .figures import Figure, Spread, Target, interleaved, ratios
 from .report import BenchReport
 
@@ -24,7 +25,7 @@ def _shapes(*sizes: str) -> tuple[Shape, ...]:
 
 # Revisits. A packed-latent model compiles one graph per image-token count ((W/16)·(H/16)), so shapes with the
 # same count share a graph. The full run visits 12 shapes with 12 counts: more than dynamo's default limit of 8
-# graphs per code object, which the manager must have raised. --quick visits 12 shapes over 4 counts.
+# graphs per code object, which the engine must have raised. --quick visits 12 shapes over 4 counts.
 REVISIT_DISTINCT = _shapes("64x64", "64x128", "64x192", "128x128", "64x320", "128x192", "64x448", "128x256",
                            "192x192", "160x256", "176x256", "192x256")
 REVISIT_SHARED = _shapes("64x64", "64x128", "128x64", "128x128", "64x256", "256x64", "128x192", "192x128", "96x256",
@@ -95,26 +96,8 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def compile_backend(hardware, backend: str) -> Iterator[None]:
-    """This process's compiled sections on cpu with `backend` instead of the adapter's (e.g. aot_eager in --quick).
-
-    Accelerator adapters keep their own backend: theirs is the only one their device runs.
-    """
-    from .. import config
-
-    if hardware.name != "cpu" or backend == hardware.compile_backend:
-        yield
-        return
-    before = config.use(dataclasses.replace(config.settings(), cpu_compile_backend=backend))
-    try:
-        yield
-    finally:
-        config.use(before)
-
-
 class _RecordingExecutor:
-    """The manager's own in-process executor, remembering the pipeline objects it loads (for the bare calls)."""
+    """The engine's own in-process executor, remembering the pipeline objects it loads (for the bare calls)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -130,22 +113,20 @@ class _RecordingExecutor:
 
 
 class InProcessBench:
-    """One session manager of this process and the requests every in-process section sends it."""
+    """One engine of this process and the requests every in-process section sends it."""
 
-    def __init__(self, options: BenchOptions):
+    def __init__(self, options: BenchOptions, settings: Settings):
         import torch
 
-        from .. import config
-        from ..engine import SessionManager
+        from ..builder import build_engine
         from ..executors.local import LocalExecutor
-        from ..executors.routing import RoutingExecutor
-        from ..hardware import get_hardware
+        from ..hardware import HardwareRegistry
 
         self.options, self.plan = options, options.plan
-        self.hardware = get_hardware(options.hardware)
-        settings = config.settings()
-        self.executor = _RecordingExecutor(LocalExecutor(settings))
-        self.manager = SessionManager(settings, RoutingExecutor(settings, local=self.executor))
+        registry = HardwareRegistry(settings)
+        self.hardware = registry.get(options.hardware)
+        self.executor = _RecordingExecutor(LocalExecutor(settings, registry))
+        self.engine = build_engine(settings, registry, local=self.executor)
         # On a shared CPU host other processes' time slices fall into wall time at random; with one torch thread,
         # this process's CPU seconds are the call's own work. Accelerators run asynchronously: wall time there.
         self.cpu_seconds = self.hardware.name == "cpu" and torch.get_num_threads() == 1
@@ -154,37 +135,36 @@ class InProcessBench:
         self.server = None
         self.pools = None
 
-    def request(self, mode: str, shape: Shape, **extra) -> GenerateRequest:
-        return self.manager.check(GenerateRequest(prompt=PROMPT, model=MODEL, hardware=self.options.hardware, mode=mode,
-                                             placement="device", width=shape.width, height=shape.height, **extra))
+    def request(self, mode: str, shape: Shape, **extra) -> Request:
+        return self.engine.check(GenerateParams(prompt=PROMPT, model=MODEL, hardware=self.options.hardware,
+                                                 mode=mode, placement="device", resolution=shape, seed=0, **extra))
 
-    def timed(self, request: GenerateRequest, wall: bool = False) -> float:
-        """Seconds of one call through the session manager: on `clock`, or wall time to set beside another process."""
+    def timed(self, request: Request, wall: bool = False) -> float:
+        """Seconds of one call through the engine: on `clock`, or wall time to set beside another process."""
         clock = time.perf_counter if wall else self.clock
         started = clock()
-        self.manager.generate(request)
+        self.engine.generate(request)
         return clock() - started
 
-    def bare_call(self, request: GenerateRequest) -> Callable[[], float]:
-        """The same call straight into diffusers, on the manager's own pipeline object: no manager, no progress."""
+    def bare_call(self, request: Request) -> Callable[[], float]:
+        """The same call straight into diffusers, on the engine's own pipeline object: no engine, no progress."""
         from ..executors.recipe import pipeline_kwargs
-        from ..models.catalog import get_model
 
-        self.manager.generate(request)  # loads (and compiles) the pipeline if it is not yet
+        self.engine.generate(request)  # loads (and compiles) the pipeline if it is not yet
         key = next(k for k in self.executor.loaded if k.mode == request.mode and k.placement == request.placement)
-        pipe, spec = self.executor.loaded[key].pipe, get_model(request.model)
+        pipe = self.executor.loaded[key].pipe
 
         def call() -> float:
             started = self.clock()
             with self.hardware.mode_context(request.mode):
-                pipe(**pipeline_kwargs(spec, request))
+                pipe(**pipeline_kwargs(request))
                 self.hardware.synchronize()
             return self.clock() - started
 
         return call
 
     def close(self) -> None:
-        self.manager.close()
+        self.engine.close()
 
 
 # --- section 1 ---------------------------------------------------------------------------------------------------
@@ -196,11 +176,11 @@ def manager_overhead(bench: InProcessBench) -> list[Figure]:
     managed, direct = interleaved([lambda: bench.timed(request), bare], bench.plan.overhead_pairs)
     ratio = ratios(managed, direct)
     extra_ms = (Spread.of(managed).median - Spread.of(direct).median) * 1000
-    return [Figure("manager_overhead", 1, f"warm call through SessionManager ÷ bare diffusers call "
+    return [Figure("manager_overhead", 1, f"warm call through the engine ÷ bare diffusers call "
                                           f"(compiled {request.shape}, {request.steps} steps)", "ratio",
                    ratio, Target("<=", 1.03),
                    detail={"manager_s": Spread.of(managed).__dict__, "bare_s": Spread.of(direct).__dict__},
-                   if_missed=f"the manager adds {extra_ms:.1f} ms per call (validation, the device lock, a progress "
+                   if_missed=f"the engine adds {extra_ms:.1f} ms per call (admission, the job's thread, a progress "
                              f"callback per step, dynamo's counters read twice) to a "
                              f"{Spread.of(direct).median * 1000:.0f} ms call; with the run-to-run range "
                              f"{ratio.low:.2f}–{ratio.high:.2f} spanning the target, more pairs on a quieter host "
@@ -214,8 +194,8 @@ def compiled_vs_eager(bench: InProcessBench) -> list[Figure]:
     figures = []
     for shape in bench.plan.shapes:
         compiled, eager = bench.request("compiled", shape), bench.request("eager", shape)
-        first = bench.manager.generate(compiled)
-        bench.manager.generate(eager)
+        first = bench.engine.generate(compiled)
+        bench.engine.generate(eager)
         fast, slow = interleaved([lambda: bench.timed(compiled), lambda: bench.timed(eager)], bench.plan.latency_runs)
         figures.append(Figure(
             f"compiled_vs_eager_{shape}", 5, f"compiled ÷ eager warm latency at {shape}", "ratio",
@@ -233,14 +213,15 @@ def revisits(bench: InProcessBench) -> list[Figure]:
 
     shapes = bench.plan.revisit_shapes
     base = bench.request("compiled", shapes[0])
-    first = bench.manager.warm_up(base, shapes)
+    first = bench.engine.warm_up(GenerateParams(prompt=PROMPT, model=MODEL, hardware=bench.options.hardware,
+                                                 mode="compiled", placement="device"), shapes)
     passes, dynamo_graphs, per_shape = [], [], {}
     for turn in range(2):
         order = shapes[::-1] if turn == 0 else shapes[len(shapes) // 2:] + shapes[:len(shapes) // 2]
         before = counters["stats"]["unique_graphs"]
         graphs = 0
         for shape in order:
-            result = bench.manager.generate(replace(base, width=shape.width, height=shape.height))
+            result = bench.engine.generate(base.at(shape))
             graphs += result.new_graphs
             per_shape[str(shape)] = per_shape.get(str(shape), 0) + result.new_graphs
         passes.append(graphs)
@@ -267,7 +248,7 @@ def regional_vs_whole(bench: InProcessBench) -> list[Figure]:
     from torch._dynamo.utils import compilation_time_metrics, counters
 
     from ..executors.recipe import compile_transformer, pipeline_kwargs
-    from ..models.catalog import get_model
+    from ..records import Mode
     from .deep import DEEP_DOUBLE_BLOCKS, DEEP_SINGLE_BLOCKS, build_deep_flux2_klein
 
     hardware, plan = bench.hardware, bench.plan
@@ -275,17 +256,16 @@ def regional_vs_whole(bench: InProcessBench) -> list[Figure]:
     shape = Shape(64, 64)
 
     request = bench.request("eager", shape)  # the deep model's call: the tiny model's prompt, size and steps
-    spec = get_model(request.model)
 
     def call(pipe) -> float:
         started = bench.clock()
-        pipe(**pipeline_kwargs(spec, request, output_type="np"))
+        pipe(**pipeline_kwargs(request, output_type="np"))
         hardware.synchronize()
         return bench.clock() - started
 
     def compiled_pipe(how: str):
         pipe = build_deep_flux2_klein().to(hardware.device)
-        compile_transformer(pipe, backend, {"whole": "compiled", "regional": "regional"}.get(how, "eager"))
+        compile_transformer(pipe, backend, {"whole": Mode.COMPILED, "regional": Mode.REGIONAL}.get(how, Mode.EAGER))
         return pipe
 
     def first_call(pipe) -> tuple[float, int]:
@@ -351,7 +331,7 @@ def replicas(bench: InProcessBench) -> list[Figure]:
 def restart(bench: InProcessBench) -> list[Figure]:
     from .restart import measure_restart
 
-    models = bench.manager.settings.cache_dir / "models"
+    models = bench.engine.settings.cache_dir / "models"
     plan = bench.plan
     figures = []
     # The product's restart path (AOTInductor packages), then, in the full run, inductor's caches alone beside it.
@@ -368,7 +348,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
     return figures
 
 
-# Run order: the in-process manager sections first (they share compiled graphs), then the ones that reset
+# Run order: the in-process engine sections first (they share compiled graphs), then the ones that reset
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
@@ -389,20 +369,22 @@ def environment(options: BenchOptions, bench: InProcessBench) -> dict:
             "in_process_clock": "process CPU seconds" if bench.cpu_seconds else "wall seconds"}
 
 
-def run_bench(options: BenchOptions) -> BenchReport:
+def run_bench(options: BenchOptions, settings: Settings) -> BenchReport:
     """Every asked-for section, in this process and its children."""
-    from ..hardware import require_available
+    from ..hardware import HardwareRegistry
 
     started = time.perf_counter()
     plan = options.plan
-    hardware = require_available(options.hardware)
-    # Child processes (server, pool ranks) read the backend from the environment, like the app does.
+    hardware = HardwareRegistry(settings).require_available(options.hardware)
+    # This process's compiled sections use the plan's backend on cpu (accelerators keep theirs: the only one their
+    # device runs); child processes (server, pool ranks) read it from the environment, like the app does.
     if hardware.name == "cpu":
+        settings = dataclasses.replace(settings, cpu_compile_backend=plan.backend)
         os.environ["ACCELDEMO_CPU_COMPILE_BACKEND"] = plan.backend
     figures: list[Figure] = []
     failures: list[str] = []
-    with compile_backend(hardware, plan.backend), contextlib.ExitStack() as running:
-        bench = InProcessBench(options)
+    with contextlib.ExitStack() as running:
+        bench = InProcessBench(options, settings)
         running.callback(bench.close)
         machine = environment(options, bench)
         # The server and the pools start now, in other processes: their start-up overlaps the in-process sections,

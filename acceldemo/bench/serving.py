@@ -92,14 +92,14 @@ def measure_serving(bench, server: AppServer) -> list[Figure]:
 
     plan = bench.plan
     request = serving_request(bench)
-    bench.manager.generate(request)
+    bench.engine.generate(request)
     arguments = (request.prompt, request.model, request.hardware, request.mode, request.placement, 2, str(SHAPE),
                  request.steps, request.guidance, request.seed)
     body = {"prompt": request.prompt, "model": request.model, "size": str(SHAPE), "seed": request.seed,
             "num_inference_steps": request.steps, "guidance_scale": request.guidance, "hardware": request.hardware,
             "mode": request.mode, "placement": request.placement}
 
-    engine: list[float] = []  # the server's own manager seconds of each request (from the answer's facts)
+    engine: list[float] = []  # the server's own engine seconds of each request (from the answer's facts)
     v1_engine: list[float] = []
 
     def api_call(client) -> float:

@@ -2,7 +2,6 @@
 engine calls, and every failure mapped to OpenAI's error shape and the status a client expects, in one place."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -13,30 +12,29 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..engine import MAX_IMAGES, MAX_SEED, SessionManager
+from ..engine import MAX_IMAGES, Engine, ModelView
 from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, HardwareUnavailable, InvalidRequest,
                       ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
 from ..models.catalog import CATALOG
-from ..models.loading import model_availability
-from ..records import GenerateRequest, GenerateResult, no_progress
+from ..records import GenerateParams, GenerateResult, Progress
+from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.api")
 PREFIX = "/v1"
 # How long an image answered as a URL stays served.
 IMAGE_TTL_S = 3600
-# What Retry-After says when the line is full or a device stayed busy: jobs on the tiny models take well under a
-# second, a real model's a few seconds, and a client that retries sooner is refused again at no cost to anyone.
+# What Retry-After says when a device stayed busy past ACCELDEMO_DEVICE_WAIT_S (a full line says its own expected
+# wait): jobs on the tiny models take well under a second, a real model's a few seconds.
 RETRY_AFTER_S = 2
 # What it says while the start-up warm-up compiles: a compile takes seconds to minutes.
 WARMING_RETRY_AFTER_S = 10
@@ -57,7 +55,7 @@ class ImageGenerationRequest(BaseModel):
     prompt: str
     # A catalog name (GET /v1/models); absent: the operator's default model.
     model: str | None = None
-    # Images, each its own engine request with its own seed: seed, seed+1, ...
+    # Images of one engine request, each with its own seed: seed, seed+1, ...
     n: int = Field(1, ge=1, le=MAX_IMAGES)
     # WIDTHxHEIGHT; absent or "auto": the model's default size.
     size: str | None = None
@@ -74,16 +72,13 @@ class ImageGenerationRequest(BaseModel):
     placement: str | None = None
     tp_size: int | None = None
 
-    def engine_requests(self) -> list[GenerateRequest]:
-        """One engine request per image; a field left out keeps the engine's default, but for `seed`: absent, it is
-        drawn at random, as OpenAI's API gives other images for the same prompt each time (the facts say which)."""
-        seed = secrets.randbelow(MAX_SEED - self.n + 2) if self.seed is None else self.seed
-        given = {"prompt": self.prompt, "model": self.model, "hardware": self.hardware, "mode": self.mode,
-                 "placement": self.placement, "tp_size": self.tp_size,
-                 "resolution": None if self.size == "auto" else self.size, "steps": self.num_inference_steps,
-                 "guidance": self.guidance_scale, "seed": seed}
-        first = GenerateRequest(**{name: value for name, value in given.items() if value is not None})
-        return [replace(first, seed=first.seed + i) for i in range(self.n)]
+    def params(self) -> GenerateParams:
+        """The engine's raw request: a field left out keeps the engine's default (a seed left out is drawn at random,
+        as OpenAI's API gives other images for the same prompt each time; the facts say which)."""
+        return GenerateParams(
+            prompt=self.prompt, model=self.model, hardware=self.hardware, mode=self.mode, placement=self.placement,
+            tp_size=self.tp_size, resolution=None if self.size == "auto" else self.size,
+            steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n)
 
 
 class ApiError(Exception):
@@ -131,7 +126,7 @@ def api_error(error: BaseException) -> ApiError:
     if isinstance(error, HardwareUnavailable):
         return ApiError(400, message, "invalid_request_error", "hardware_unavailable", param)
     if isinstance(error, QueueFull):
-        return ApiError(429, message, "rate_limit_error", "queue_full", retry_after=RETRY_AFTER_S)
+        return ApiError(429, message, "rate_limit_error", "queue_full", retry_after=error.retry_after_s or 1)
     if isinstance(error, DeviceBusy):
         return ApiError(503, message, "server_error", "device_busy", retry_after=RETRY_AFTER_S)
     if isinstance(error, CapacityExceeded):  # a new size past ACCELDEMO_MAX_SHAPES: the message lists those that work
@@ -145,14 +140,14 @@ def _body_problem(error: ValidationError) -> tuple[str | None, str]:
     """The first thing wrong with a request body, named as the engine names a bad value."""
     problem = error.errors(include_url=False)[0]
     param = ".".join(str(part) for part in problem["loc"]) or None
-    kind = problem["type"]
-    if kind == "json_invalid":
+    problem_type = problem["type"]  # pydantic's name for what is wrong
+    if problem_type == "json_invalid":
         return None, f"the body is not valid JSON: {problem.get('ctx', {}).get('error', problem['msg'])}"
-    if kind in ("model_type", "model_attributes_type"):
+    if problem_type in ("model_type", "model_attributes_type"):
         return None, "the body must be a JSON object"
-    if kind == "missing":
+    if problem_type == "missing":
         return param, f"{param} is required"
-    if kind == "extra_forbidden":
+    if problem_type == "extra_forbidden":
         accepted = ", ".join(ImageGenerationRequest.model_fields)
         return param, str(InvalidRequest(param, problem["input"], f"unknown field; accepted fields are {accepted}"))
     return param, str(InvalidRequest(param, problem["input"], problem["msg"][0].lower() + problem["msg"][1:]))
@@ -206,74 +201,13 @@ class ImageStore:
             (self.folder / f"{key}.png").unlink(missing_ok=True)
 
 
-class ImageJob:
-    """The images of one request, made side by side, each one engine call in a thread of the route's pool. What
-    happens to them (their progress when asked for, each image, each failure) comes back as events on the event
-    loop. The first failure, or a client that goes away, stops the others at their next step or takes them out of
-    the line."""
-
-    def __init__(self, manager: SessionManager, pool: ThreadPoolExecutor, store: ImageStore,
-                 asked: list[GenerateRequest], as_url: bool, progress: bool):
-        self._loop = asyncio.get_running_loop()
-        self._events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
-        self._stopped = threading.Event()
-        self._unfinished = len(asked)
-        for i, request in enumerate(asked):
-            pool.submit(self._make, manager, store, i, request, as_url, progress)
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    async def events(self, client: Request) -> AsyncIterator[tuple[str, int, Any]]:
-        """("progress", i, Progress), ("image", i, (result, b64 or image id)) and ("failed", i, error), until every
-        image is made or has failed."""
-        while self._unfinished:
-            try:
-                kind, i, value = await asyncio.wait_for(self._events.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await client.is_disconnected():
-                    self.stop()
-                continue
-            if kind != "progress":
-                self._unfinished -= 1
-            yield kind, i, value
-
-    async def results(self, client: Request) -> list[tuple[GenerateResult, str]]:
-        """Every image, in order; or the first failure (the cause, rather than a sibling it stopped)."""
-        made: list = [None] * self._unfinished
-        failures: list[BaseException] = []
-        async for kind, i, value in self.events(client):
-            if kind == "image":
-                made[i] = value
-            elif kind == "failed":
-                failures.append(value)
-        if failures:
-            raise next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
-        return made
-
-    def _make(self, manager: SessionManager, store: ImageStore, i: int, request: GenerateRequest, as_url: bool,
-              progress: bool) -> None:
-        report = (lambda event: self._emit("progress", i, event)) if progress else no_progress
-        try:
-            result = manager.generate(request, report, cancelled=self._stopped.is_set)
-            data = png(result.image)
-            self._emit("image", i, (result, store.put(data) if as_url else base64.b64encode(data).decode()))
-        except Exception as error:
-            self._emit("failed", i, error)  # queued before the others can see the stop and fail in turn
-            self.stop()
-
-    def _emit(self, kind: str, i: int, value: Any) -> None:
-        self._loop.call_soon_threadsafe(self._events.put_nowait, (kind, i, value))
-
-
-def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
-                  dependencies: Sequence = ()) -> APIRouter:
+def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = ()) -> APIRouter:
     """The /v1 routes; `dependencies` guard them all (the bearer token when ACCELDEMO_API_TOKEN is set), and
-    generation answers 503 until `startup` says the start-up warm-up is done."""
+    generation answers 503 until the engine's start-up warm-up is done.
+
+    A generation is admitted into the engine's line (or refused) as soon as its body is read, on the event loop:
+    nothing of this route waits in front of the line."""
     router = APIRouter(prefix=PREFIX, dependencies=list(dependencies))
-    # Generations block a thread each; as many may run as the engine holds (a job per device plus its line), so
-    # the engine's line, not this route, decides who waits and who is refused.
-    pool = ThreadPoolExecutor(max_workers=manager.capacity(), thread_name_prefix="v1-images")
     listed_since = int(time.time())
 
     def image_data(request: Request, response_format: str, image: str) -> dict:
@@ -281,61 +215,73 @@ def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
         link = str(request.url_for("openai_image", image_id=image)) if response_format == "url" else image
         return {response_format: link, "revised_prompt": None}
 
+    def encoded(result: GenerateResult, as_url: bool) -> list[str]:
+        """Each image of the result: its id in the store (answered as a URL), or its base64 PNG."""
+        pngs = [png(image) for image in result.images]
+        return [images.put(data) for data in pngs] if as_url else [base64.b64encode(data).decode() for data in pngs]
+
     @router.post("/images/generations")
     async def generations(request: Request) -> Response:
         try:
-            if not startup.get("done"):
-                raise ApiError(503, f"the app is still warming up ({startup.get('state')}); /ready answers 200 once "
-                                    "it is done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
+            startup = engine.startup
+            if not startup.ready:
+                raise ApiError(503, f"the app is still warming up ({startup.shown}); /ready answers 200 once it is "
+                                    "done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
             asked = ImageGenerationRequest.model_validate_json(await request.body())
-            each = asked.engine_requests()
-            manager.check(each[0], counted=True)  # refused once, not once per image
-            job = ImageJob(manager, pool, images, each, asked.response_format == "url", progress=asked.stream)
+            checked = engine.check(asked.params())
+            job = WatchedJob(lambda report: engine.submit(checked, report))
             if asked.stream:
-                return await stream(job, asked.response_format, request)
-            made = await job.results(request)
+                return stream(job, asked.response_format, request)
+            result = await finished(job, request)
         except Exception as error:
             return api_error(error).response()
-        results = [result for result, _ in made]
-        first = results[0].request
+        made = await run_in_threadpool(encoded, result, asked.response_format == "url")
         return JSONResponse({"created": int(time.time()), "output_format": "png",
-                             "data": [image_data(request, asked.response_format, image) for _, image in made],
-                             "size": f"{first.width}x{first.height}", "acceldemo": [r.facts() for r in results]},
-                            headers=_fact_headers(results))
+                             "data": [image_data(request, asked.response_format, image) for image in made],
+                             "size": str(result.request.shape),
+                             "acceldemo": [result.facts(i) for i in range(len(made))]},
+                            headers=_fact_headers(result))
 
-    async def stream(job: ImageJob, response_format: str, request: Request) -> StreamingResponse:
+    async def finished(job: WatchedJob, client: Request) -> GenerateResult:
+        """The job's result; a client that goes away stops it (at its next step, or out of the line)."""
+        async for _ in job.events(DISCONNECT_POLL_S):
+            if await client.is_disconnected():
+                job.cancel()
+        return await job.result()
+
+    def stream(job: WatchedJob, response_format: str, client: Request) -> StreamingResponse:
         """Server-sent events as the images advance: one per phase (in line, loading, compiling WxH, denoise step
-        i/n, decoding), then each image. Until the first event the request can still be answered with an error
-        status (invalid, refused); after it, a failure is an `error` event, which ends the stream."""
-        events = job.events(request)
-        first = await anext(events)
-        if first[0] == "failed":
-            raise first[2]
-
-        def render(kind: str, i: int, value: Any) -> str:
-            if kind == "progress":
-                name, data = "image_generation.progress", {
-                    "type": "image_generation.progress", "index": i, "phase": value.phase, "message": value.message,
-                    "step": value.step, "total": value.total, "elapsed": round(value.elapsed, 4)}
-            elif kind == "image":
-                result, image = value
-                name, data = "image_generation.completed", {
-                    "type": "image_generation.completed", "index": i, **image_data(request, response_format, image),
-                    "created_at": int(time.time()), "size": f"{result.request.width}x{result.request.height}",
-                    "output_format": "png", "background": "opaque", "quality": "auto", "acceldemo": result.facts()}
-            else:
-                name, data = "error", api_error(value).body()
+        i/n, decoding), then each image. A request refused (invalid, line full) was answered with its error status
+        before the stream starts; after it, a failure is an `error` event, which ends the stream."""
+        def event(name: str, data: dict) -> str:
             return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+        def progress(value: Progress) -> str:
+            return event("image_generation.progress", {
+                "type": "image_generation.progress", "index": 0, "phase": str(value.phase), "message": value.message,
+                "step": value.step, "total": value.total, "elapsed": round(value.elapsed, 4)})
 
         async def sent() -> AsyncIterator[str]:
             try:
-                yield render(*first)
-                async for kind, i, value in events:
-                    yield render(kind, i, value)
-                    if kind == "failed":
-                        return
+                async for value in job.events(DISCONNECT_POLL_S):
+                    if value is not None:
+                        yield progress(value)
+                    elif await client.is_disconnected():
+                        job.cancel()
+                try:
+                    result = await job.result()
+                except Exception as error:
+                    yield event("error", api_error(error).body())
+                    return
+                made = await run_in_threadpool(encoded, result, response_format == "url")
+                for i, image in enumerate(made):
+                    yield event("image_generation.completed", {
+                        "type": "image_generation.completed", "index": i,
+                        **image_data(client, response_format, image), "created_at": int(time.time()),
+                        "size": str(result.request.shape), "output_format": "png", "background": "opaque",
+                        "quality": "auto", "acceldemo": result.facts(i)})
             finally:  # also when the client went away and the server stopped sending
-                job.stop()
+                job.cancel()
 
         return StreamingResponse(sent(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -350,36 +296,31 @@ def openai_router(manager: SessionManager, startup: dict, images: ImageStore,
 
     @router.get("/models")
     def models() -> dict:
-        return {"object": "list", "data": [_model_entry(name, manager, listed_since) for name in CATALOG]}
+        return {"object": "list", "data": [_model_entry(m, listed_since) for m in engine.describe().models]}
 
     @router.get("/models/{name:path}")
     def model(name: str) -> Response:
         if name not in CATALOG:
             return api_error(UnknownName("model", name, CATALOG)).response()
-        return JSONResponse(_model_entry(name, manager, listed_since))
+        return JSONResponse(_model_entry(engine.describe().model(name), listed_since))
 
     return router
 
 
-def _model_entry(name: str, manager: SessionManager, created: int) -> dict:
+def _model_entry(model: ModelView, created: int) -> dict:
     """A catalog model in OpenAI's model shape, with whether it can run here and what a request gets by default."""
-    spec = CATALOG[name]
-    available, where = model_availability(spec, manager.settings)
-    return {"id": spec.name, "object": "model", "created": created, "owned_by": "acceldemo", "title": spec.title,
-            "available": available, "availability": where, "default": spec.name == manager.settings.default_model,
-            "size": str(spec.default_shape), "sizes": [str(s) for s in spec.presets],
-            "num_inference_steps": spec.steps, "guidance_scale": spec.guidance}
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "acceldemo", "title": model.title,
+            "available": model.available, "availability": model.availability, "default": model.default,
+            "size": str(model.default_size), "sizes": [str(s) for s in model.presets],
+            "num_inference_steps": model.steps, "guidance_scale": model.guidance}
 
 
-def _fact_headers(results: list[GenerateResult]) -> dict[str, str]:
-    """The request's facts at a glance (curl -i, proxies' logs): its images ran side by side or one after another,
-    so the slowest image's seconds are the request's time in the engine."""
-    devices = dict.fromkeys(r.facts()["device"] for r in results)
-    return {"X-Acceldemo-Model": results[0].request.model, "X-Acceldemo-Device": ",".join(devices),
-            "X-Acceldemo-Seconds": f"{max(r.seconds for r in results):.4f}",
-            "X-Acceldemo-Compile-Seconds": f"{sum(r.compile_seconds for r in results):.4f}",
-            "X-Acceldemo-New-Graphs": str(sum(r.new_graphs for r in results)),
-            "X-Acceldemo-Warm": "true" if all(r.warm for r in results) else "false"}
+def _fact_headers(result: GenerateResult) -> dict[str, str]:
+    """The request's facts at a glance (curl -i, proxies' logs)."""
+    facts = result.facts()
+    return {"X-Acceldemo-Model": result.request.model, "X-Acceldemo-Device": facts["device"],
+            "X-Acceldemo-Seconds": f"{result.seconds:.4f}", "X-Acceldemo-Compile-Seconds": f"{result.compile_seconds:.4f}",
+            "X-Acceldemo-New-Graphs": str(result.new_graphs), "X-Acceldemo-Warm": "true" if result.warm else "false"}
 
 
 async def openai_http_error(request: Request, error: HTTPException) -> Response:

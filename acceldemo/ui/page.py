@@ -1,4 +1,5 @@
-"""The Gradio page: components and events; each handler is one engine call and its translation."""
+"""The Gradio page: components and events; each handler translates the page's values into one engine call and its
+result (or its error) back, and the panels render the engine's snapshot."""
 from __future__ import annotations
 
 import contextlib
@@ -6,19 +7,17 @@ import logging
 import os
 import random
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
-from ..engine import (PLACEMENTS, SessionManager, mode_options, parse_resolution, propose_placement,
-                      tensor_parallel_options)
+from ..engine import Description, Engine, Offer, Snapshot, as_json
 from ..errors import AcceldemoError
-from ..hardware import all_modes, best_available, detect_all, get_hardware
-from ..models.catalog import CATALOG, get_model
-from ..records import GenerateRequest, GenerateResult, Progress
+from ..hardware import all_modes
+from ..records import GenerateParams, GenerateResult, Phase, Placement, Progress
+from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
@@ -39,19 +38,18 @@ def series_colors() -> dict[str, str]:
             for kind, color in zip(("first call", "warm"), _PALETTE[i % len(_PALETTE)])}
 
 
-def _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateRequest:
-    return GenerateRequest(prompt=prompt, model=model, hardware=hardware, mode=mode,
-                           placement=None if placement in (None, AUTO) else placement,
-                           tp_size=tp_size if placement == "tp" else None, resolution=resolution, steps=steps,
-                           guidance=guidance, seed=seed)
+def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateParams:
+    """The page's values as the engine's raw request (the placement "auto" is the engine's own proposal)."""
+    placement = None if placement in (None, AUTO) else placement
+    return GenerateParams(prompt=prompt, model=model, hardware=hardware, mode=mode, placement=placement,
+                          tp_size=tp_size if placement == Placement.TP else None, resolution=resolution, steps=steps,
+                          guidance=guidance, seed=seed)
 
 
-def _progress_to_gradio(progress: gr.Progress):
-    def report(event: Progress) -> None:
-        # Gradio hides the text with the bar when the fraction is None, so phases without steps show 0.
-        fraction = event.step / event.total if event.step and event.total else 0.0
-        progress(fraction, desc=event.message if event.phase != "denoise" else f"denoise {event.message}")
-    return report
+def _show(progress: gr.Progress, event: Progress) -> None:
+    # Gradio hides the text with the bar when the fraction is None, so phases without steps show 0.
+    fraction = event.step / event.total if event.step and event.total else 0.0
+    progress(fraction, desc=event.message if event.phase is not Phase.DENOISE else f"denoise {event.message}")
 
 
 def image_file(image, folder: Path) -> str:
@@ -95,33 +93,33 @@ def describe_packages(store: dict) -> str:
             f"{store['built']} built, {store['loaded']} loaded{rate}")
 
 
-def status_rows(manager: SessionManager) -> pd.DataFrame:
+def status_rows(snapshot: Snapshot) -> pd.DataFrame:
     rows = []
-    for p in manager.status():
-        for s in p.shapes or ():
-            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), s.state,
+    for p in snapshot.pipelines:
+        for s in p.shapes:
+            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), str(s.state),
                          round(s.compile_seconds, 2), s.graphs, s.hits,
                          None if s.first_call_seconds is None else round(s.first_call_seconds, 3),
                          None if s.last_latency is None else round(s.last_latency, 3), s.reason])
     return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 
-def replica_rows(manager: SessionManager) -> pd.DataFrame:
+def replica_rows(snapshot: Snapshot) -> pd.DataFrame:
     """Each replica: its devices, what it is doing, who waits for it, what it holds and has served."""
-    devices = {(d.device.hardware, d.device.index): d.device for d in manager.devices()}
+    devices = {(d.device.hardware, d.device.index): d.device for d in snapshot.devices}
     rows = []
-    for r in manager.replicas():
+    for r in snapshot.replicas:
         held = [devices.get((r.devices.hardware, i)) for i in r.devices.indices]
-        rows.append([str(r.devices), r.state, r.waiting, " ".join(r.shapes), r.served,
+        rows.append([str(r.devices), r.shown, r.waiting, " ".join(map(str, r.shapes)), r.served,
                      None if r.last_latency is None else round(r.last_latency, 3), r.restarts,
                      "; ".join(f"{d} {d.memory_bytes / 1e9:.1f} GB {d.detail}".strip() for d in held if d)])
     return pd.DataFrame(rows, columns=REPLICA_COLUMNS)
 
 
-def latency_points(manager: SessionManager) -> list[tuple[str, str, float]]:
+def latency_points(snapshot: Snapshot) -> list[tuple[str, str, float]]:
     """(shape, series, seconds) of every first call and last warm call measured, for the chart."""
     points = []
-    for p in manager.status():
+    for p in snapshot.pipelines:
         for s in p.shapes:
             if s.first_call_seconds is not None:
                 points.append((str(s.shape), f"{p.key.mode} first call", s.first_call_seconds))
@@ -158,128 +156,118 @@ def latency_chart(points: list[tuple[str, str, float]]):
     return figure
 
 
-def status_json(manager: SessionManager, startup: dict) -> dict:
-    """What the engine holds, for the API and /status: devices, the line, counters, pipelines and their shapes."""
-    return {
-        "startup_warmup": startup.get("state", "none configured"),
-        "queue_depth": manager.queue_depth(),
-        "queue_limit": manager.settings.queue_size,
-        "counters": manager.counters(),
-        "devices": [{"device": str(d.device), "hardware": d.device.hardware, "index": d.device.index,
-                     "memory_gb": round(d.device.memory_bytes / 1e9, 1), "detail": d.device.detail,
-                     "busy": d.running is not None, "running": d.running, "waiting": d.waiting,
-                     "pipelines": list(d.pipelines)} for d in manager.devices()],
-        "replicas": [{"devices": str(r.devices), "state": r.state, "waiting": r.waiting, "shapes": list(r.shapes),
-                      "served": r.served, "last_latency": r.last_latency, "restarts": r.restarts,
-                      "pipelines": list(r.pipelines)} for r in manager.replicas()],
-        "precompiled": manager.precompiled(),
-        "pipelines": [{"key": str(p.key), "model": p.key.model, "hardware": p.key.hardware,
-                       "device": str(p.key.devices), "mode": p.key.mode,
-                       "placement": p.key.placement, "tp_size": p.key.tp_size, "resident": p.resident,
-                       "busy": p.busy, "load_seconds": round(p.load_seconds, 3),
-                       "shapes": [{**s.__dict__, "shape": str(s.shape)} for s in p.shapes]}
-                      for p in manager.status()],
-    }
+def hardware_choices(description: Description) -> list[tuple[str, str]]:
+    return [(f"{h.name} — {'found: ' if h.available else 'unavailable: '}{h.reason}", h.name)
+            for h in description.hardware]
 
 
-def hardware_choices() -> list[tuple[str, str]]:
-    found = detect_all()
-    return [(f"{n} — {'found: ' if a.available else 'unavailable: '}{a.reason}", n) for n, a in found.items()]
-
-
-def option_notes(model: str, hardware: str, placement: str) -> str:
+def option_notes(offer: Offer) -> str:
     """Which modes work for this model and hardware, why the others do not, and the proposed placement."""
-    try:
-        spec, hw = get_model(model), get_hardware(hardware)
-    except AcceldemoError as error:
-        return str(error)
-    found = hw.detect()
-    if not found.available:
-        return f"**{hardware} is unavailable:** {found.reason}"
-    proposal = propose_placement(spec, found, hw.tensor_parallel_sizes())
-    lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}"
-             for o in mode_options(spec, hw, None if placement == AUTO else placement)]
-    return "\n".join([f"**Proposed placement:** `{proposal.name}`"
-                      + (f" × {proposal.tp_size}" if proposal.name == "tp" else "") + f" — {proposal.reason}",
-                      *lines])
+    if not offer.available:
+        return f"**{offer.hardware} is unavailable:** {offer.reason}"
+    proposal = offer.proposal
+    lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}" for o in offer.modes]
+    return "\n".join([f"**Proposed placement:** `{proposal.placement}`"
+                      + (f" × {proposal.tp_size}" if proposal.placement is Placement.TP else "")
+                      + f" — {proposal.reason}", *lines])
 
 
-def tp_size_choices(model: str, hardware: str, nodes: int) -> dict:
+def tp_size_choices(offer: Offer) -> dict:
     """The tensor-parallel sizes the engine accepts for this model here (TPU: its generation's) and the one chosen:
     the proposal's when it is one of them."""
-    try:
-        spec, hw = get_model(model), get_hardware(hardware)
-    except AcceldemoError:
-        return {"choices": [], "value": None}
-    choices = tensor_parallel_options(spec, hw, nodes) if hw.detect().available else []
-    proposal = propose_placement(spec, hw.detect(), hw.tensor_parallel_sizes()).tp_size if choices else None
+    choices = list(offer.tp_sizes)
+    proposal = offer.proposal.tp_size if offer.proposal and choices else None
     return {"choices": choices, "value": proposal if proposal in choices else next(iter(choices), None)}
 
 
-def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
-    """The page; `startup` holds the start-up warm-up state the page shows."""
-    default = get_model(manager.settings.default_model)
-    default_hw = best_available()
+def build_page(engine: Engine) -> gr.Blocks:
+    """The page over one engine: its description fills the selectors, its snapshot the panels."""
+    description = engine.describe()
+    default = description.model(description.default_model)
+    default_hw = description.default_hardware
     default_presets = [str(s) for s in default.presets]
+    catalog = {m.name: m for m in description.models}
 
     outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-    # Stop flags per browser session: Stop ends that session's job at its next denoise step.
-    stops: dict[str, threading.Event] = {}
+    # The running job of each browser session: Stop ends it at its next denoise step.
+    running: dict[str, WatchedJob] = {}
 
-    def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-                 session: gr.Request, progress=gr.Progress()):
-        stop = stops[session.session_hash] = threading.Event()
+    def offer(model, hardware, placement=None) -> Offer | str:
         try:
-            request = _request(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed)
-            result = manager.generate(request, _progress_to_gradio(progress), cancelled=stop.is_set)
+            return engine.offer(model, hardware, None if placement in (None, AUTO) else Placement(placement))
+        except (AcceldemoError, ValueError) as error:
+            return str(error)
+
+    async def follow(job: WatchedJob, progress: gr.Progress):
+        async for event in job.events():
+            _show(progress, event)
+        return await job.result()
+
+    async def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+                       session: gr.Request, progress=gr.Progress()):
+        try:
+            request = engine.check(_params(prompt, model, hardware, mode, placement, tp_size, resolution, steps,
+                                           guidance, seed))
+            job = running[session.session_hash] = WatchedJob(lambda report: engine.submit(request, report))
+            try:
+                result = await follow(job, progress)
+            finally:
+                job.cancel()  # a no-op once it ended; stops it when the page went away or Stop cancelled the event
+                running.pop(session.session_hash, None)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        finally:
-            stops.pop(session.session_hash, None)
         return image_file(result.image, outputs), describe_result(result), result.facts()
 
     def stop_job(session: gr.Request) -> str:
-        running = stops.get(session.session_hash)
-        if running is None:
+        job = running.get(session.session_hash)
+        if job is None:
             return NOTHING_TO_STOP
-        running.set()
+        job.cancel()
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
         return STOPPED
 
-    def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
+    async def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
+        params = _params("warm-up", model, hardware, mode, placement, tp_size, None, None, None, None)
         try:
-            base = _request("warm-up", model, hardware, mode, placement, tp_size, None, None, None, 0)
-            records = manager.warm_up(base, [parse_resolution(s) for s in shapes], _progress_to_gradio(progress))
+            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report)), progress)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
         return "Warmed: " + ", ".join(f"{r.shape} ({r.state}, {r.compile_seconds:.2f} s compile)" for r in records)
 
     def refresh_status(drawn):
         """The panels; the chart is drawn again only when its points changed since this page last drew it."""
-        state = startup.get("state", "none configured")
-        requests = manager.counters()["requests"]
-        line = (f"Line: {manager.queue_depth()} waiting (limit {manager.settings.queue_size}) · requests "
-                + ", ".join(f"{outcome} {count}" for outcome, count in requests.items()))
-        points = latency_points(manager)
+        snapshot = engine.snapshot()
+        line = (f"Line: {snapshot.queue_depth} waiting (limit {snapshot.queue_limit}) · requests "
+                + ", ".join(f"{outcome} {count}" for outcome, count in snapshot.counters.requests.items()))
+        points = latency_points(snapshot)
         chart_update = gr.skip() if drawn == points else latency_chart(points)
-        return status_rows(manager), replica_rows(manager), chart_update, \
-            f"Start-up warm-up: {state}  \n{line}  \n{describe_packages(manager.precompiled())}", points
+        return status_rows(snapshot), replica_rows(snapshot), chart_update, \
+            f"Start-up warm-up: {snapshot.startup.shown}  \n{line}  \n{describe_packages(snapshot.precompiled)}", \
+            points
 
-    nodes = manager.settings.pool_nnodes
+    def notes_and_sizes(model, hardware, placement) -> tuple[str, dict]:
+        found = offer(model, hardware, placement)
+        if isinstance(found, str):
+            return found, gr.update(choices=[], value=None)
+        return option_notes(found), gr.update(**tp_size_choices(found))
 
     def on_model(model, hardware, placement):
-        spec = get_model(model)
+        spec = catalog.get(model)
+        if spec is None:
+            return gr.skip(), gr.skip(), gr.skip(), *notes_and_sizes(model, hardware, placement), gr.skip()
         presets = [str(s) for s in spec.presets]
-        return (gr.update(choices=presets, value=str(spec.default_shape)),
-                spec.steps, spec.guidance, option_notes(model, hardware, placement),
-                gr.update(**tp_size_choices(model, hardware, nodes)),
-                gr.update(choices=presets, value=[str(spec.default_shape)]))
+        return (gr.update(choices=presets, value=str(spec.default_size)), spec.steps, spec.guidance,
+                *notes_and_sizes(model, hardware, placement), gr.update(choices=presets, value=[str(spec.default_size)]))
 
     def on_hardware(model, hardware, placement):
-        return option_notes(model, hardware, placement), gr.update(**tp_size_choices(model, hardware, nodes))
+        return notes_and_sizes(model, hardware, placement)
 
+    def on_placement(model, hardware, placement):
+        return notes_and_sizes(model, hardware, placement)[0]
+
+    first_offer = offer(default.name, default_hw)
     # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes.
     with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as page:
         gr.Markdown("# acceldemo — diffusion on accelerators, with the compile cost in plain sight")
@@ -288,13 +276,14 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                 prompt = gr.Textbox(label="Prompt", value="a red circle on a blue background, top left", lines=2,
                                     elem_id="prompt")
                 with gr.Row():
-                    model = gr.Dropdown([(s.title, s.name) for s in CATALOG.values()], value=default.name,
+                    model = gr.Dropdown([(m.title, m.name) for m in description.models], value=default.name,
                                         label="Model", elem_id="model")
-                    hardware = gr.Dropdown(hardware_choices(), value=default_hw, label="Hardware",
+                    hardware = gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
                                            elem_id="hardware")
-                    mode = gr.Dropdown(list(all_modes()), value="eager", label="Mode", elem_id="mode")
+                    mode = gr.Dropdown([str(m) for m in all_modes()], value=str(all_modes()[0]), label="Mode",
+                                       elem_id="mode")
                     # The model's presets; a typed size reaches the engine, which says why it is refused.
-                    resolution = gr.Dropdown(default_presets, value=str(default.default_shape),
+                    resolution = gr.Dropdown(default_presets, value=str(default.default_size),
                                              allow_custom_value=True, label="Resolution (WxH, presets or typed)",
                                              elem_id="resolution")
                 with gr.Row():
@@ -304,16 +293,18 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                     dice = gr.Button("Random seed", size="sm")
                 with gr.Accordion("Placement (advanced)", open=False):
                     with gr.Row():
-                        placement = gr.Dropdown([AUTO, *PLACEMENTS], value=AUTO, label="Placement",
+                        placement = gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
                                                 elem_id="placement")
                         # Any typed size reaches the engine, which says why it is refused; the list is what works here.
                         tp_size = gr.Dropdown(label="TP world size", allow_custom_value=True, elem_id="tp-size",
-                                              **tp_size_choices(default.name, default_hw, nodes))
-                notes = gr.Markdown(option_notes(default.name, default_hw, AUTO), elem_id="mode-notes")
+                                              **(tp_size_choices(first_offer) if isinstance(first_offer, Offer)
+                                                 else {"choices": []}))
+                notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
+                                    elem_id="mode-notes")
                 with gr.Row():
                     run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
-                for spec in CATALOG.values():
+                for spec in description.models:
                     if spec.example_prompts:  # a click fills the prompt and picks the model it is for
                         gr.Examples([[text, spec.name] for text in spec.example_prompts], [prompt, model],
                                     label=f"Prompts {spec.name} knows", elem_id=f"examples-{spec.name}",
@@ -323,7 +314,7 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                 facts = gr.Markdown(elem_id="facts")
                 facts_json = gr.JSON(label="Facts (JSON)", visible=False)
         with gr.Accordion("Warm-up", open=False):
-            warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_shape)],
+            warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)],
                                            label="Shapes to compile")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
@@ -347,8 +338,8 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
         page.load(refresh_status, drawn, panels, queue=False, api_visibility="private")
 
         def pipelines() -> dict:
-            """Resident pipelines and their compiled shapes, as plain JSON."""
-            return status_json(manager, startup)
+            """What runs here (the engine's snapshot, as /status gives it)."""
+            return as_json(engine.snapshot())
 
         gr.api(pipelines, api_name="status", queue=False)
         dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
@@ -356,5 +347,5 @@ def build_page(manager: SessionManager, startup: dict) -> gr.Blocks:
                      queue=False, api_visibility="private")
         hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
                         api_visibility="private")
-        placement.change(option_notes, [model, hardware, placement], notes, queue=False, api_visibility="private")
+        placement.change(on_placement, [model, hardware, placement], notes, queue=False, api_visibility="private")
     return page

@@ -197,11 +197,13 @@ def precompile(pipe, folder: Path | None = None) -> Path:
     """The app's mode-compiled path on CPU/CUDA: AOTInductor packages in `folder` (a new temporary one by default)."""
     import tempfile
 
+    from acceldemo.config import Settings
     from acceldemo.executors.artifacts import ArtifactStore, PrecompiledTransformer
-    from acceldemo.hardware import get_hardware
+    from acceldemo.hardware import HardwareRegistry
 
     folder = folder or Path(tempfile.mkdtemp(prefix="flux2-klein-aoti-"))
-    hardware = get_hardware("cuda" if pipe.transformer.device.type == "cuda" else "cpu")
+    registry = HardwareRegistry(Settings.from_env())
+    hardware = registry.get("cuda" if pipe.transformer.device.type == "cuda" else "cpu")
     stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(folder), "flux2-klein-4b-random", hardware)
     stand_in.label = "this size"
     return folder
