@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: makes .venv, installs what the tests need (Python packages,
-# and Debian's chromium for the browser test), then runs pytest. Extra arguments go to pytest.
+# The test suite on a fresh machine: makes .venv (again only when a requirements file changed), installs what the
+# tests need (Python packages, and Debian's chromium for the browser test), then runs pytest and prints the 20
+# slowest tests. `--fast`: the quick tier only (validation, the engine, the API routes, the CLI's refusals; no
+# browser, no worker pools, no real compilers), for a change in progress. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x /usr/bin/chromium ]; then
+tier=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  tier=(-m "not slow and not inductor and not tpu_wheel")
+elif [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
-python3 -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-exec .venv/bin/python -m pytest "$@"
+wanted=$(cat requirements*.txt tests/tpu_wheel/requirements.txt | sha256sum | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.requirements-sha256 2>/dev/null)" != "$wanted" ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+  echo "$wanted" > .venv/.requirements-sha256
+fi
+exec .venv/bin/python -m pytest "${tier[@]}" --durations=20 "$@"

@@ -14,12 +14,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from acceldemo.config import Settings  # noqa: E402
+from acceldemo.hardware import prepare_process  # noqa: E402
+
+# As the app's entry points do, once, before torch loads: compiler caches into the test cache dir.
+prepare_process(Settings.from_env())
+
 from tests.engines import free_port, new_manager  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def manager():
-    """One manager for the session, as the app has: compiled graphs are process-wide anyway."""
+    """One engine for the session, as the app has: compiled graphs are process-wide anyway."""
     m = new_manager()
     yield m
     m.close()
@@ -27,7 +33,7 @@ def manager():
 
 @pytest.fixture
 def fresh_manager():
-    """A manager of its own, for tests that count loads or evictions."""
+    """An engine of its own (with settings overridden by keyword), for tests that count loads or evictions."""
     made = []
 
     def make(**overrides):

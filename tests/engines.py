@@ -1,5 +1,6 @@
-"""How tests build a session manager (as the app does, with its executor chosen outside it) and serve it."""
+"""How tests build an engine (as the app does, with its executor chosen outside it) and serve it."""
 import contextlib
+import dataclasses
 import os
 import socket
 import threading
@@ -7,16 +8,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from acceldemo.builder import build_engine
 from acceldemo.config import Settings
-from acceldemo.engine import SessionManager
-from acceldemo.executors.routing import RoutingExecutor
+from acceldemo.engine import Engine
 
 
-def new_manager(settings: Settings | None = None, **overrides) -> SessionManager:
+def settings_with(**overrides) -> Settings:
+    """This test run's settings (the environment conftest prepared), with `overrides`."""
+    return dataclasses.replace(Settings.from_env(), **overrides)
+
+
+def new_manager(settings: Settings | None = None, **overrides) -> Engine:
+    """An engine as the app builds one, on the test run's settings with `overrides`."""
     settings = settings or Settings.from_env()
-    if overrides:
-        settings = type(settings)(**{**settings.__dict__, **overrides})
-    return SessionManager(settings, RoutingExecutor(settings))
+    return build_engine(dataclasses.replace(settings, **overrides))
 
 
 def free_port() -> int:
@@ -50,18 +55,18 @@ def serving(app) -> Iterator[str]:
 class DeviceHolder:
     """A generation that holds the manager's device at its first denoise step until `release()`."""
 
-    def __init__(self, manager: SessionManager):
-        from acceldemo.records import GenerateRequest
+    def __init__(self, manager: Engine):
+        from acceldemo.records import GenerateParams, Phase
 
         self._holding, self._released = threading.Event(), threading.Event()
 
         def hold(event) -> None:
-            if event.phase == "denoise":
+            if event.phase is Phase.DENOISE:
                 self._holding.set()
                 self._released.wait(120)
 
         self.thread = threading.Thread(target=manager.generate,
-                                       args=(GenerateRequest(prompt="first", hardware="cpu", steps=1), hold))
+                                       args=(GenerateParams(prompt="first", hardware="cpu", steps=1), hold))
 
     def start(self) -> None:
         """Start it; returns once it holds the device."""

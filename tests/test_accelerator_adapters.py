@@ -1,10 +1,10 @@
-"""The neuron and tpu adapters make the recipe's exact calls, through the real session manager.
+"""The neuron and tpu adapters make the recipe's exact calls, through the real engine.
 
 Each accelerator runs in a child process where it is a fake torch device (tests/fakes), its
 package is a stand-in that records what it saw, and its compile backend, under the real
 name, records every graph. The only app code patched is `detect()`: this host has no
-Trainium or TPU to find. Everything between a GenerateRequest and the pipeline call is the
-app's own: validation, SessionManager, LocalExecutor, apply_recipe, run_pipeline.
+Trainium or TPU to find. Everything between a GenerateParams and the pipeline call is the
+app's own: validation, the engine, LocalExecutor, apply_recipe, run_pipeline.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from acceldemo.hardware import HARDWARE
+from acceldemo.hardware import ADAPTERS
 from tests.fakes.fake_process import run_in_fake_device_process
 from tests.fakes.standin_packages import SIMULATED_TPUS, python_path, write_torch_neuronx, write_torch_tpu
 
-# The variables `import acceldemo` points into its cache dir. Each child gets its own cache dir,
+# The variables the app's entry point points into its cache dir. Each child gets its own cache dir,
 # so it must not inherit the values this test process already set.
-CACHE_VARIABLES = sorted({variable for hw in HARDWARE.values() for variable in hw.cache_env})
+CACHE_VARIABLES = sorted({variable for adapter in ADAPTERS.values() for variable in adapter.cache_env})
 RECIPE_COMPILE_ARGUMENTS = {"fullgraph": True, "dynamic": False}
 # Float32 tiny pipelines on the fake device match CPU within 1e-4 (tests/test_fakes.py), so the
 # 8-bit images may differ by a rounding step.
@@ -34,14 +34,16 @@ import os, sys
 for variable in CACHE_VARIABLES:
     os.environ.pop(variable, None)
 os.environ.pop("NEURON_RT_VISIBLE_CORES", None)
-import acceldemo  # first, as app.py does: it points the compile caches at ACCELDEMO_CACHE_DIR
+from acceldemo.config import Settings
+from acceldemo.hardware import Availability, prepare_process
+
+prepare_process(Settings.from_env())  # first, as app.py does: it points the compile caches at ACCELDEMO_CACHE_DIR
 
 import diffusers
 import numpy as np
 
 from acceldemo.errors import AcceldemoError
-from acceldemo.hardware import HARDWARE, Availability
-from acceldemo.records import GenerateRequest
+from acceldemo.records import GenerateParams, Shape
 from tests.engines import new_manager
 from tests.fakes.recipe_spies import spy_on_recipe_calls
 from tests.fakes.recording_backend import register_recording_backend
@@ -56,8 +58,8 @@ def graphs():
 
 def visit(name, **fields):
     # One request through the session manager; what it did goes into `visits[name]`.
-    request = GenerateRequest(**{"prompt": "a red fox in the snow", "steps": 2, "width": 64, "height": 64,
-                                 **fields})
+    request = GenerateParams(**{"prompt": "a red fox in the snow", "steps": 2, "resolution": "64x64", "seed": 0,
+                                **fields})
     before = {key: len(value) for key, value in calls.items()}
     graphs_before = len(graphs())
     try:
@@ -69,7 +71,7 @@ def visit(name, **fields):
     recorded = graphs()[graphs_before:]
     visits[name] = {
         "calls": {key: value[before[key]:] for key, value in calls.items()},
-        "new_graphs": result.new_graphs, "warm": result.warm, "placement": result.key.placement,
+        "new_graphs": result.new_graphs, "warm": result.warm, "placement": str(result.key.placement),
         "recorded_graphs": len(recorded),
         "graph_input_devices": sorted({d for g in recorded for d in g.input_device_types}),
         "image_size": list(result.image.size),
@@ -91,21 +93,21 @@ imported_before_first_request = PACKAGE in sys.modules
 klein = dict(hardware="neuron", model="tiny-flux2-klein")
 visit("compiled first", mode="compiled", **klein)
 visit("compiled again", mode="compiled", **klein)
-visit("compiled new shape", mode="compiled", width=128, height=128, **klein)
+visit("compiled new shape", mode="compiled", resolution="128x128", **klein)
 visit("regional", mode="regional", **klein)
 flux1 = dict(hardware="neuron", model="tiny-flux1", placement="offload")
 visit("offload eager", mode="eager", **flux1)
 visit("offload regional", mode="regional", **flux1)
-loads_before_refusal = manager.counters()["loads"]
+loads_before_refusal = manager.snapshot().counters.loads
 visit("offload compiled", mode="compiled", **flux1)
 
 from acceldemo.records import DeviceSet
-HARDWARE["neuron"].prepare_rank(3, DeviceSet("neuron", tuple(range(8, 16))))
+manager.hardware.get("neuron").prepare_rank(3, DeviceSet("neuron", tuple(range(8, 16))))
 result = {
     "visits": visits,
     "imported_before_first_request": imported_before_first_request,
     "neff_cache_dir_at_import": sys.modules[PACKAGE].NEFF_CACHE_DIR_AT_IMPORT,
-    "loads_for_refused_request": manager.counters()["loads"] - loads_before_refusal,
+    "loads_for_refused_request": manager.snapshot().counters.loads - loads_before_refusal,
     "visible_cores_of_rank_3": os.environ.get("NEURON_RT_VISIBLE_CORES"),
 }
 """
@@ -122,7 +124,7 @@ calls = spy_on_recipe_calls(
     eager_mode=lambda: sys.modules[PACKAGE].active_eager_mode() if PACKAGE in sys.modules else None)
 imported_before_first_request = PACKAGE in sys.modules
 
-size = dict(model="tiny-flux2-klein", width=96, height=64)
+size = dict(model="tiny-flux2-klein", resolution="96x64")
 on_cpu = visit("cpu eager", hardware="cpu", mode="eager", **size)
 difference = {}
 for mode in ("eager", "eager-fused", "compiled"):

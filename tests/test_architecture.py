@@ -1,11 +1,134 @@
-"""The layering the code promises: settings read in one place, the engine blind to where pipelines run."""
+"""The layering the code promises: settings read in one place and passed down, one direction of imports with no
+cycle, states and requests as types, the engine blind to where pipelines run."""
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "acceldemo"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """Import statements under `if TYPE_CHECKING:` (names for annotations, never imported at run time)."""
+    return {node for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+            for statement in block.body for node in ast.walk(statement)}
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports, at the top or inside a function alike."""
+    modules = {_module(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = _type_checking_only(tree)
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(tree):
+            if node in skipped:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = [*(package[:len(package) - node.level + 1] if node.level else []),
+                        *(node.module.split(".") if node.module else [])]
+                targets = [(".".join([*base, alias.name]), ".".join(base)) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [(alias.name, alias.name) for alias in node.names]
+            else:
+                continue
+            for exact, parent in targets:
+                target = exact if exact in modules else parent if parent in modules else None
+                if target and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    graph = package_imports()
+    cycles, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in path:
+                cycles.append(" -> ".join(path[path.index(imported):] + [imported]))
+            elif imported not in done:
+                visit(imported, path + [imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [module])
+    assert cycles == []
+
+
+def test_config_records_and_errors_are_the_floor_and_config_is_below_hardware():
+    graph = package_imports()
+    assert graph["acceldemo.config"] == set()
+    assert graph["acceldemo.errors"] == set()
+    assert graph["acceldemo.records"] == set()  # the model spec it names is a type only
+    assert "acceldemo.config" in graph["acceldemo.hardware.base"]
+
+
+def test_importing_the_package_changes_nothing_in_the_environment():
+    code = ("import json, os; before = dict(os.environ); import acceldemo, acceldemo.ui.server, acceldemo.cli; "
+            "import sys; print(json.dumps([{k: v for k, v in os.environ.items() if before.get(k) != v}, "
+            "'torch' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Nothing written, and torch not even loaded: an entry point can still prepare the process before it loads.
+    assert json.loads(done.stdout.splitlines()[-1]) == [{}, False]
+
+
+def test_no_module_keeps_process_wide_settings():
+    # Settings are built once by an entry point and passed down: no module-level `global` rebinding anywhere.
+    found = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in PACKAGE.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Global)]
+    assert found == []
+    import acceldemo.config
+
+    assert not hasattr(acceldemo.config, "settings") and not hasattr(acceldemo.config, "use")
+
+
+_NAMED = ("phase", "state", "mode", "placement", "kind", "outcome")
+
+
+def test_phases_states_and_names_are_compared_as_their_enums_never_as_strings():
+    def strings(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(strings(e) for e in node.elts)
+
+    def named(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in _NAMED) or \
+            (isinstance(node, ast.Name) and node.id in _NAMED)
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(named(side) for side in sides) and any(strings(side) for side in sides):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_the_request_executors_see_is_fully_typed():
+    from acceldemo.models.catalog import ModelSpec
+    from acceldemo.records import PipelineKey, Progress, Request
+
+    for record in (Request, PipelineKey, Progress):
+        hints = typing.get_type_hints(record, localns={"ModelSpec": ModelSpec})  # a name records imports for types
+        loose = {field.name: hints[field.name] for field in dataclasses.fields(record)
+                 if hints[field.name] in (typing.Any, object)}
+        assert loose == {}, record
+        assert record.__dataclass_params__.frozen, record
 
 
 def _environment_reads(tree: ast.AST) -> list[str]:
@@ -49,10 +172,10 @@ def test_the_engine_never_imports_the_worker_pool():
 def test_lower_layers_never_import_upper_ones():
     # hardware and models know nothing of the engine, the executors or the front ends; the engine nothing of
     # the front ends.
-    upper = {"hardware": ("engine", "executors", "ui", "cli", "bench"),
-             "models": ("engine", "executors", "ui", "cli", "bench"),
-             "executors": ("engine", "ui", "cli", "bench"),
-             "engine": ("ui", "cli", "bench")}
+    upper = {"hardware": ("engine", "executors", "builder", "ui", "cli", "bench"),
+             "models": ("engine", "executors", "builder", "ui", "cli", "bench"),
+             "executors": ("engine", "builder", "ui", "cli", "bench"),
+             "engine": ("builder", "ui", "cli", "bench")}
     wrong = []
     for layer, forbidden in upper.items():
         for path in (PACKAGE / layer).rglob("*.py"):

@@ -50,9 +50,9 @@ def test_the_report_counts_packages_and_the_hit_rate(tmp_path):
     assert ArtifactStore(tmp_path).counts() == {"built": 0, "loaded": 0, "rejected": 0}  # counts are the owner's
 
 
-def test_the_manager_reports_the_store(fresh_manager):
-    m = fresh_manager(precompile="off")
-    assert m.precompiled()["setting"] == "off" and m.precompiled()["folder"].endswith("aoti")
+def test_the_engine_reports_the_store(fresh_manager):
+    precompiled = fresh_manager(precompile="off").snapshot().precompiled
+    assert precompiled["setting"] == "off" and precompiled["folder"].endswith("aoti")
 
 
 @pytest.mark.slow
@@ -62,14 +62,16 @@ def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_i
 
     from acceldemo.config import Settings
     from acceldemo.executors.recipe import apply_recipe
-    from acceldemo.hardware import get_hardware
+    from acceldemo.hardware import HardwareRegistry
     from acceldemo.models.catalog import CATALOG
     from acceldemo.models.loading import load_pipeline
+    from acceldemo.records import Mode, Placement
 
-    spec, cpu, store = CATALOG["tiny-flux1"], get_hardware("cpu"), ArtifactStore(tmp_path)
+    settings = Settings.from_env()
+    spec, cpu, store = CATALOG["tiny-flux1"], HardwareRegistry(settings).get("cpu"), ArtifactStore(tmp_path)
 
     def pipeline_and_call():
-        pipe = load_pipeline(spec, Settings.from_env())
+        pipe = load_pipeline(spec, settings)
         pipe.set_progress_bar_config(disable=True)
         return pipe, lambda: pipe(prompt="a red circle", height=64, width=80, num_inference_steps=2,
                                   max_sequence_length=spec.max_sequence_length, output_type="np",
@@ -77,11 +79,11 @@ def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_i
 
     pipe, call = pipeline_and_call()
     eager = call()
-    apply_recipe(pipe, cpu, "compiled", "device", store, spec.name)
+    apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings, store, spec.name)
     assert np.abs(call() - eager).max() < 1e-4
     assert pipe.transformer.forward.events["built"] == 1
     again, call_again = pipeline_and_call()
-    apply_recipe(again, cpu, "compiled", "device", store, spec.name)
+    apply_recipe(again, cpu, Mode.COMPILED, Placement.DEVICE, settings, store, spec.name)
     assert np.abs(call_again() - eager).max() < 1e-4
     assert (again.transformer.forward.events["built"], again.transformer.forward.events["loaded"]) == (0, 1)
 
@@ -101,7 +103,7 @@ def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(t
 
     from acceldemo.config import Settings
     from acceldemo.executors.artifacts import PrecompiledTransformer
-    from acceldemo.hardware import get_hardware
+    from acceldemo.hardware import HardwareRegistry
     from acceldemo.models.catalog import CATALOG
     from acceldemo.models.loading import load_pipeline
 
@@ -118,7 +120,8 @@ def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(t
         pipe(prompt="a red circle", height=64, width=64, num_inference_steps=1)
     del pipe.transformer.forward
     expected = pipe.transformer(**seen)[0]
-    stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(tmp_path), "tiny-flux2-klein", get_hardware("cpu"))
+    cpu = HardwareRegistry(Settings.from_env()).get("cpu")
+    stand_in = PrecompiledTransformer.install(pipe, ArtifactStore(tmp_path), "tiny-flux2-klein", cpu)
     with torch.no_grad():
         got = pipe.transformer(**{**seen, "joint_attention_kwargs": {"note": "not in a package"}})[0]
     assert torch.equal(got, expected) and stand_in.warned_eager

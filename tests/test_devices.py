@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from acceldemo.hardware import HARDWARE, register
-from acceldemo.records import GenerateRequest
+from acceldemo.hardware import register, unregister
+from acceldemo.records import GenerateParams, Phase
 from tests.engines import free_port
 from tests.fakes.fifth_hardware import TwinAccelerator, write_plugin
 from tests.fakes.standin_packages import python_path
@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def twin():
-    """The two-device fake hardware, registered in this process for one test."""
-    register(TwinAccelerator())
-    yield HARDWARE["twin"]
-    del HARDWARE["twin"]
+    """The two-device fake hardware, registered in this process for one test (engines made meanwhile know it)."""
+    register(TwinAccelerator)
+    yield TwinAccelerator
+    unregister("twin")
 
 
 def test_two_devices_run_two_requests_at_once_and_a_third_waits(twin, fresh_manager):
@@ -38,12 +38,12 @@ def test_two_devices_run_two_requests_at_once_and_a_third_waits(twin, fresh_mana
 
     def ask(seed: int, results: dict) -> None:
         def progress(event):
-            if event.phase == "queue" and event.message.endswith("in line for twin:0 or twin:1"):
+            if event.phase is Phase.QUEUE and event.message.endswith("in line for twin:0 or twin:1"):
                 queued[seed].append(event.message)
-            if event.phase == "denoise" and seed not in running:
+            if event.phase is Phase.DENOISE and seed not in running:
                 running.add(seed)
                 release.wait(120)
-        results[seed] = m.generate(GenerateRequest(prompt="a red circle", hardware="twin", steps=2, seed=seed),
+        results[seed] = m.generate(GenerateParams(prompt="a red circle", hardware="twin", steps=2, seed=seed),
                                    progress)
 
     results: dict = {}
@@ -60,8 +60,8 @@ def test_two_devices_run_two_requests_at_once_and_a_third_waits(twin, fresh_mana
         assert time.monotonic() < deadline, queued
         time.sleep(0.05)
     # Without `with`, the app's lifespan (which closes the manager at its end) does not run.
-    devices = {d["device"]: d for d in TestClient(create_app(m)).get("/status").json()["devices"]}
-    assert devices["twin:0"]["busy"] and devices["twin:1"]["busy"]
+    devices = {d["device"]["device"]: d for d in TestClient(create_app(m)).get("/status").json()["devices"]}
+    assert devices["twin:0"]["running"] and devices["twin:1"]["running"]
     assert devices["twin:0"]["running"].startswith("64x64") and devices["twin:1"]["waiting"] == 1
     assert queued[2] == ["1st in line for twin:0 or twin:1"] and 2 not in running and m.queue_depth() == 1
     release.set()
@@ -71,22 +71,23 @@ def test_two_devices_run_two_requests_at_once_and_a_third_waits(twin, fresh_mana
     assert used == {"twin:0", "twin:1"}  # the first two ran side by side, one on each device
     assert results[2].facts()["device"] in used and results[2].image.size == (64, 64)
     # Each device keeps its own resident pipeline; the third request went to one that already held it.
-    assert sorted(str(p.key.devices) for p in m.status()) == ["twin:0", "twin:1"]
-    assert m.counters()["loads"] == 2, (m.counters(), [(str(p.key), p.resident) for p in m.status()])
+    snapshot = m.snapshot()
+    assert sorted(str(p.key.devices) for p in snapshot.pipelines) == ["twin:0", "twin:1"]
+    assert snapshot.counters.loads == 2, snapshot
 
 
 def test_a_request_can_name_its_device_and_a_wrong_one_is_refused(twin, fresh_manager):
     from acceldemo.errors import InvalidRequest, UnsupportedCombination
 
     m = fresh_manager()
-    result = m.generate(GenerateRequest(prompt="a red circle", hardware="twin", device="twin:1", steps=1))
+    result = m.generate(GenerateParams(prompt="a red circle", hardware="twin", device="twin:1", steps=1))
     assert result.facts()["device"] == "twin:1"
     with pytest.raises(InvalidRequest, match=r"device='twin:2' is not accepted: one of twin:0, twin:1 here"):
-        m.generate(GenerateRequest(prompt="x", device="twin:2"))
+        m.generate(GenerateParams(prompt="x", device="twin:2"))
     with pytest.raises(UnsupportedCombination, match="device twin:0 is not a cpu device"):
-        m.generate(GenerateRequest(prompt="x", hardware="cpu", device="twin:0"))
+        m.generate(GenerateParams(prompt="x", hardware="cpu", device="twin:0"))
     with pytest.raises(InvalidRequest, match="device='gpu one' is not accepted: a device as hardware:index"):
-        m.generate(GenerateRequest(prompt="x", device="gpu one"))
+        m.generate(GenerateParams(prompt="x", device="gpu one"))
 
 
 def _with_plugin(tmp_path) -> dict:
@@ -104,8 +105,10 @@ def test_a_fifth_hardware_in_one_file_shows_in_info_cli_bench_and_page(tmp_path)
         return done.stdout
 
     info = json.loads(run("info", "--json"))
-    assert [d["device"] for d in info["hardware"]["twin"]["devices"]] == ["twin:0", "twin:1"]
-    assert info["models"]["tiny-flux2-klein"]["placement"]["twin"]["name"] == "device"
+    twin = next(h for h in info["hardware"] if h["name"] == "twin")
+    assert [d["device"] for d in twin["devices"]] == ["twin:0", "twin:1"]
+    klein = next(m for m in info["models"] if m["name"] == "tiny-flux2-klein")
+    assert next(o for o in klein["offers"] if o["hardware"] == "twin")["proposal"]["placement"] == "device"
     assert "{cpu,cuda,neuron,tpu,twin}" in run("generate", "--help")
     assert "{cpu,cuda,neuron,tpu,twin}" in run("bench", "--help")
     facts = json.loads(run("generate", "--prompt", "a red circle", "--hardware", "twin", "--device", "twin:1",

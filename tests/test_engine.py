@@ -1,4 +1,4 @@
-"""The session manager: shapes compile once, progress has phases, jobs never interleave, memory is bounded."""
+"""The engine: shapes compile once, progress has phases, jobs never interleave, memory is bounded."""
 import threading
 import time
 
@@ -6,13 +6,24 @@ import numpy as np
 import pytest
 
 from acceldemo.errors import CapacityExceeded, GenerationFailed
-from acceldemo.records import GenerateRequest, Shape
+from acceldemo.records import GenerateParams, Mode, Phase, Shape, ShapeState
 from tests.engines import new_manager
 
 
-def compiled(**kw) -> GenerateRequest:
-    return GenerateRequest(**{"prompt": "a red circle on a blue background", "hardware": "cpu",
-                              "mode": "compiled", **kw})
+def params(width: int | None = None, height: int | None = None, **kw) -> GenerateParams:
+    """A raw request on cpu; a size given as width and height."""
+    size = Shape(width or 64, height or 64) if width or height else None
+    return GenerateParams(**{"prompt": "a red circle on a blue background", "hardware": "cpu", "seed": 0,
+                             "resolution": size, **kw})
+
+
+def compiled(**kw) -> GenerateParams:
+    return params(**{"mode": "compiled", **kw})
+
+
+def shapes_of(engine) -> dict:
+    """Every compiled-shape record of the engine, by (pipeline key, shape)."""
+    return {(p.key, s.shape): s for p in engine.snapshot().pipelines for s in p.shapes}
 
 
 def pixels(result) -> np.ndarray:
@@ -20,7 +31,7 @@ def pixels(result) -> np.ndarray:
 
 
 def test_image_has_the_asked_size_and_is_not_constant(manager):
-    result = manager.generate(GenerateRequest(prompt="a cat", hardware="cpu", width=128, height=64))
+    result = manager.generate(params(128, 64, prompt="a cat"))
     assert result.image.size == (128, 64)
     assert pixels(result).std() > 1.0
 
@@ -30,8 +41,8 @@ def test_second_visit_to_a_shape_compiles_nothing(manager):
     second = manager.generate(compiled(width=96, height=96))
     assert first.new_graphs > 0 and not first.warm
     assert second.new_graphs == 0 and second.warm
-    record = next(s for p in manager.status() if p.key == second.key for s in p.shapes if s.shape == Shape(96, 96))
-    assert record.state == "ready" and record.hits == 1 and record.graphs == first.new_graphs
+    record = shapes_of(manager)[(second.key, Shape(96, 96))]
+    assert record.state is ShapeState.READY and record.hits == 1 and record.graphs == first.new_graphs
     assert record.compile_seconds > 0 and record.last_latency is not None
 
 
@@ -63,9 +74,9 @@ def test_progress_tells_load_compile_steps_and_decode_apart(fresh_manager):
     events = []
     fresh_manager().generate(compiled(width=64, height=144, steps=3), events.append)
     phases = [e.phase for e in events]
-    assert (phases[0], events[0].message) == ("queue", "running on cpu:0") and phases[1] == "load"
-    assert phases.index("compile") < phases.index("denoise") < phases.index("decode")
-    assert [(e.step, e.total) for e in events if e.phase == "denoise"] == [(1, 3), (2, 3), (3, 3)]
+    assert (phases[0], events[0].message) == (Phase.QUEUE, "running on cpu:0") and phases[1] is Phase.LOAD
+    assert phases.index(Phase.COMPILE) < phases.index(Phase.DENOISE) < phases.index(Phase.DECODE)
+    assert [(e.step, e.total) for e in events if e.phase is Phase.DENOISE] == [(1, 3), (2, 3), (3, 3)]
     assert "compiling 64x144 (first time for this shape)" in [e.message for e in events]
 
 
@@ -73,25 +84,25 @@ def test_a_compiled_shape_goes_straight_to_the_steps(manager):
     manager.generate(compiled(width=80, height=80))
     events = []
     manager.generate(compiled(width=80, height=80), events.append)
-    assert "compile" not in [e.phase for e in events] and "load" not in [e.phase for e in events]
+    assert Phase.COMPILE not in [e.phase for e in events] and Phase.LOAD not in [e.phase for e in events]
 
 
 def test_warm_up_compiles_ahead_and_requests_then_are_warm(manager):
     base = compiled(model="tiny-flux2-klein", mode="regional")
-    records = manager.warm_up(base, [Shape(176, 64), Shape(192, 64)])
-    assert [r.state for r in records] == ["ready", "ready"] and all(r.graphs > 0 for r in records)
+    records = manager.warm_up(base, [Shape(176, 64), "192x64"])
+    assert [r.state for r in records] == [ShapeState.READY] * 2 and all(r.graphs > 0 for r in records)
     assert manager.generate(compiled(mode="regional", width=192, height=64)).new_graphs == 0
 
 
 def test_least_recently_used_pipeline_is_evicted_and_shown(fresh_manager):
     m = fresh_manager(max_resident_pipelines=1)
-    m.generate(GenerateRequest(prompt="one", hardware="cpu", model="tiny-flux1"))
-    m.generate(GenerateRequest(prompt="two", hardware="cpu", model="tiny-sd3"))
-    resident = {p.key.model: p.resident for p in m.status()}
+    m.generate(params(prompt="one", model="tiny-flux1"))
+    m.generate(params(prompt="two", model="tiny-sd3"))
+    resident = {p.key.model: p.resident for p in m.snapshot().pipelines}
     assert resident == {"tiny-flux1": False, "tiny-sd3": True}
-    assert m.counters()["evictions"] == 1 and m.evictions[0][1].model == "tiny-flux1"
-    again = m.generate(GenerateRequest(prompt="one", hardware="cpu", model="tiny-flux1"))
-    assert again.load_seconds > 0 and m.counters()["loads"] == 3
+    assert m.snapshot().counters.evictions == 1 and m.residency.evictions[0][1].model == "tiny-flux1"
+    again = m.generate(params(prompt="one", model="tiny-flux1"))
+    assert again.load_seconds > 0 and m.snapshot().counters.loads == 3
 
 
 def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
@@ -113,7 +124,7 @@ def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
         return loaded
 
     m.executor.load = load
-    requests = [GenerateRequest(prompt=f"job {i}", hardware="cpu", steps=8, seed=i) for i in range(4)]
+    requests = [params(prompt=f"job {i}", steps=8, seed=i) for i in range(4)]
     threads = [threading.Thread(target=m.generate, args=(r, events.append)) for r in requests]
     for t in threads:
         t.start()
@@ -122,22 +133,21 @@ def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
     spans.sort()
     assert len(spans) == 4
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
-    places = [e.message for e in events if e.phase == "queue" and e.message.endswith("in line for cpu:0")]
+    places = [e.message for e in events if e.phase is Phase.QUEUE and e.message.endswith("in line for cpu:0")]
     assert {"1st in line for cpu:0", "2nd in line for cpu:0"} <= set(places) and m.queue_depth() == 0
 
 
 def test_shape_capacity_is_an_error_not_a_crash(fresh_manager):
     m = fresh_manager(max_shapes_per_pipeline=2)
-    m.generate(GenerateRequest(prompt="a", hardware="cpu", width=64, height=64))
-    m.generate(GenerateRequest(prompt="a", hardware="cpu", width=128, height=64))
+    m.generate(params(64, 64, prompt="a"))
+    m.generate(params(128, 64, prompt="a"))
     with pytest.raises(CapacityExceeded, match="already holds 2 shapes.*64x64, 128x64"):
-        m.generate(GenerateRequest(prompt="a", hardware="cpu", width=128, height=128))
-    assert m.generate(GenerateRequest(prompt="a", hardware="cpu", width=64, height=64)).warm
+        m.generate(params(128, 128, prompt="a"))
+    assert m.generate(params(64, 64, prompt="a")).warm
 
 
 def test_a_compile_failure_marks_only_that_shape_failed(fresh_manager, monkeypatch):
     import torch._dynamo
-    from acceldemo.hardware.cpu import CpuHardware
 
     name = "acceldemo_test_fails_at_48_tokens"
     if name not in torch._dynamo.list_backends(exclude_tags=()):
@@ -147,29 +157,31 @@ def test_a_compile_failure_marks_only_that_shape_failed(fresh_manager, monkeypat
                 raise RuntimeError("this compiler cannot do 48 tokens")
             return gm.forward
 
-    monkeypatch.setattr(CpuHardware, "compile_backend", name)
-    m = fresh_manager()
+    m = fresh_manager(cpu_compile_backend=name)
     request = compiled(model="tiny-flux1")
     with pytest.raises(GenerationFailed, match="failed at 192x64.*cannot do 48 tokens"):
         m.generate(compiled(model="tiny-flux1", width=192, height=64))
     assert m.generate(request).image.size == (64, 64)
-    states = {str(s.shape): (s.state, s.reason) for p in m.status() for s in p.shapes}
-    assert states["192x64"][0] == "failed" and "48 tokens" in states["192x64"][1]
-    assert states["64x64"] == ("ready", "")
+    states = {str(shape): (s.state, s.reason) for (_, shape), s in shapes_of(m).items()}
+    assert states["192x64"][0] is ShapeState.FAILED and "48 tokens" in states["192x64"][1]
+    assert states["64x64"] == (ShapeState.READY, "")
 
 
 def test_compiled_output_equals_eager_on_every_tiny_family():
     from acceldemo.config import Settings
-    from acceldemo.executors.recipe import apply_recipe
-    from acceldemo.hardware import get_hardware
+    from acceldemo.executors.recipe import apply_recipe, recompile_limits
+    from acceldemo.hardware import HardwareRegistry
     from acceldemo.models.catalog import CATALOG
     from acceldemo.models.loading import load_pipeline
+    from acceldemo.records import Placement
     import torch
+    import torch._dynamo
 
-    cpu = get_hardware("cpu")
+    settings = Settings.from_env()
+    cpu = HardwareRegistry(settings).get("cpu")
     for name in ("tiny-flux2-klein", "tiny-flux1", "tiny-sd3", "tiny-flux2"):
         spec = CATALOG[name]
-        pipe = load_pipeline(spec, Settings.from_env())
+        pipe = load_pipeline(spec, settings)
         pipe.set_progress_bar_config(disable=True)
 
         def call():
@@ -178,18 +190,20 @@ def test_compiled_output_equals_eager_on_every_tiny_family():
                         generator=torch.Generator("cpu").manual_seed(3), output_type="np").images
 
         eager = call()
-        apply_recipe(pipe, cpu, "compiled", "device")
-        assert np.abs(call() - eager).max() < 1e-4, name
+        apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings)
+        # Other tests compiled these transformers' code at other shapes already: the app's limits, as it runs them.
+        with torch._dynamo.config.patch(**recompile_limits(settings)):
+            assert np.abs(call() - eager).max() < 1e-4, name
 
 
 def test_manager_serves_again_after_errors(manager):
     from acceldemo.errors import AcceldemoError
 
-    for bad in (GenerateRequest(prompt=""), GenerateRequest(prompt="x", width=65),
-                GenerateRequest(prompt="x", model="nope"), GenerateRequest(prompt="x", hardware="tpu")):
+    for bad in (GenerateParams(prompt=""), GenerateParams(prompt="x", resolution="65x64"),
+                GenerateParams(prompt="x", model="nope"), GenerateParams(prompt="x", hardware="tpu")):
         with pytest.raises(AcceldemoError):
             manager.generate(bad)
-    assert manager.generate(GenerateRequest(prompt="ok", hardware="cpu")).image.size == (64, 64)
+    assert manager.generate(GenerateParams(prompt="ok", hardware="cpu")).image.size == (64, 64)
 
 
 def test_new_manager_instance_reuses_dynamo_graphs_of_the_process():
@@ -200,3 +214,32 @@ def test_new_manager_instance_reuses_dynamo_graphs_of_the_process():
         assert m.generate(compiled(width=208, height=64)).new_graphs == 0
     finally:
         m.close()
+
+
+def test_a_request_of_three_images_gives_each_seed_its_own_image_and_counts_once(fresh_manager):
+    m = fresh_manager()
+    three = m.generate(params(80, 64, seed=11, num_images=3, steps=2))
+    alone = [m.generate(params(80, 64, seed=seed, steps=2)) for seed in (11, 12, 13)]
+    assert [f["seed"] for f in map(three.facts, range(3))] == [11, 12, 13]
+    assert all((np.asarray(image, dtype=np.int16) == pixels(one)).all() for image, one in zip(three.images, alone))
+    assert three.facts(2)["num_images"] == 3 and len(three.parts) == 3
+    assert m.snapshot().counters.requests["ok"] == 4  # the three-image request is one request
+
+
+def test_a_request_whose_images_do_not_fit_the_line_is_refused_whole(fresh_manager):
+    from acceldemo.errors import QueueFull
+    from tests.engines import DeviceHolder
+
+    m = fresh_manager(queue_size=2)
+    holder = DeviceHolder(m)
+    holder.start()
+    try:
+        with pytest.raises(QueueFull):
+            m.submit(m.check(params(num_images=3, steps=1)))
+        assert m.queue_depth() == 0  # none of its images was left waiting
+        job = m.submit(m.check(params(num_images=2, steps=1)))
+        assert m.queue_depth() == 2
+    finally:
+        holder.release()
+    assert len(job.result(120).images) == 2
+    assert m.snapshot().counters.requests["refused"] == 1

@@ -7,27 +7,41 @@ import textwrap
 
 import pytest
 
-from acceldemo.hardware import HARDWARE, Availability, detect_all, get_hardware
+from acceldemo.config import Settings
+from acceldemo.hardware import ADAPTERS, Availability, HardwareRegistry
 from acceldemo.hardware.base import GiB, Hardware, probe_script
-from acceldemo.records import DeviceSet
+from acceldemo.records import DeviceSet, Mode
+from tests.engines import settings_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = Settings.from_env()
+HARDWARE = HardwareRegistry(SETTINGS)
+
+
+def fresh(name: str) -> Hardware:
+    """A new adapter of that hardware (nothing detected yet)."""
+    return ADAPTERS[name](SETTINGS)
 
 
 def test_every_adapter_declares_what_it_is():
     expected = {"cpu": ("cpu", "gloo", "inductor"), "cuda": ("cuda", "nccl", "inductor"),
                 "neuron": ("neuron", "neuron", "neuron"), "tpu": ("tpu", "tpu_dist", "tpu")}
     for name, (device, dist, backend) in expected.items():
-        hw = HARDWARE[name]
+        hw = HARDWARE.get(name)
         assert (hw.device, hw.mesh_device_type, hw.dist_backend) == (device, device, dist)
         assert name == "cpu" or hw.compile_backend == backend
-        assert hw.cache_env and hw.modes[-2:] == ("compiled", "regional")
-    assert HARDWARE["tpu"].modes == ("eager", "eager-fused", "compiled", "regional")
-    assert "eager-fused" not in HARDWARE["neuron"].modes
+        assert hw.cache_env and hw.modes[-2:] == (Mode.COMPILED, Mode.REGIONAL)
+    assert HARDWARE.get("tpu").modes == (Mode.EAGER, Mode.EAGER_FUSED, Mode.COMPILED, Mode.REGIONAL)
+    assert Mode.EAGER_FUSED not in HARDWARE.get("neuron").modes
+
+
+def test_the_cpu_compile_backend_is_the_settings_own():
+    assert HardwareRegistry(settings_with(cpu_compile_backend="inductor")).get("cpu").compile_backend == "inductor"
+    assert HardwareRegistry(settings_with(cpu_compile_backend="eager")).get("cpu").compile_backend == "eager"
 
 
 def test_absent_accelerators_are_listed_with_their_reason():
-    found = detect_all()
+    found = HARDWARE.detect_all()
     assert found["cpu"].available and found["cpu"].memory_bytes > 0
     assert not found["neuron"].available and "torch_neuronx is not installed" in found["neuron"].reason
     assert not found["tpu"].available and found["tpu"].reason == "torch_tpu is not installed"
@@ -36,7 +50,7 @@ def test_absent_accelerators_are_listed_with_their_reason():
 
 def test_unknown_hardware_lists_the_known_ones():
     with pytest.raises(Exception, match="known values are cpu, cuda, neuron, tpu"):
-        get_hardware("ipu")
+        HARDWARE.get("ipu")
 
 
 def _fake_packages(tmp_path, names):
@@ -48,13 +62,16 @@ def _fake_packages(tmp_path, names):
 
 
 def _tpu_detected_in_a_fresh_app(tmp_path, **env):
-    """What a fresh `import acceldemo` makes of a host whose torch_tpu is an empty stand-in: detection, autoload."""
+    """What a fresh app process (its entry point preparing the process) makes of a host whose torch_tpu is an empty
+    stand-in: detection, autoload."""
     path = _fake_packages(tmp_path, ["torch_tpu"])
     code = textwrap.dedent("""
-        import json, os, acceldemo
-        from acceldemo.hardware import get_hardware
+        import json, os
+        from acceldemo.config import Settings
+        from acceldemo.hardware import HardwareRegistry, prepare_process
+        prepare_process(Settings.from_env())
         import torch
-        found = get_hardware("tpu").detect()
+        found = HardwareRegistry(Settings.from_env()).get("tpu").detect()
         print(json.dumps([found.available, found.reason, os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")]))
     """)
     clean = {k: v for k, v in os.environ.items() if k not in ("TPU_LIBRARY_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")}
@@ -85,7 +102,7 @@ def test_tpu_library_path_to_no_file_is_reported_and_torch_still_loads(tmp_path)
 
 def test_neuron_package_without_devices_says_so(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(_fake_packages(tmp_path, ["torch_neuronx"]))
-    found = type(HARDWARE["neuron"])().detect()
+    found = fresh("neuron").detect()
     assert not found.available and found.reason == "no /dev/neuron* device"
 
 
@@ -100,17 +117,12 @@ class _Hanging(Hardware):
 
 
 def test_a_probe_that_aborts_is_a_reason_not_a_crash():
-    found = _Aborting().detect()
+    found = _Aborting(SETTINGS).detect()
     assert not found.available and "probing aborting failed (exit -6)" in found.reason
 
 
-def test_a_probe_that_hangs_times_out(monkeypatch):
-    import dataclasses
-
-    from acceldemo import config
-
-    monkeypatch.setattr(config, "_current", dataclasses.replace(config.settings(), probe_timeout_s=1.0))
-    found = _Hanging().detect()
+def test_a_probe_that_hangs_times_out():
+    found = _Hanging(settings_with(probe_timeout_s=1.0)).detect()
     assert not found.available and "did not finish within 1 s (ACCELDEMO_PROBE_TIMEOUT_S)" in found.reason
 
 
@@ -119,20 +131,22 @@ def test_a_probe_that_raises_gives_the_exception_as_reason():
         name, device = "raising", "cpu"
         probe_code = probe_script("raise RuntimeError('no chip today')")
 
-    found = Raising().detect()
+    found = Raising(SETTINGS).detect()
     assert found == type(found)(False, "RuntimeError: no chip today")
 
 
 def test_detection_is_probed_once_and_cached():
-    hw = type(HARDWARE["cuda"])()
+    hw = fresh("cuda")
     assert hw.detect() is hw.detect()
+    assert HARDWARE.best_available() == "cpu" and HARDWARE.best_available() is HARDWARE.best_available()
 
 
 def test_compile_caches_point_into_the_app_cache_dir_and_operator_values_win(tmp_path):
-    code = "import json, os, acceldemo; print(json.dumps({k: os.environ.get(k) for k in " \
+    code = "import json, os; from acceldemo.config import Settings; from acceldemo.hardware import " \
+           "prepare_process; prepare_process(Settings.from_env()); print(json.dumps({k: os.environ.get(k) for k in " \
            "['TORCHINDUCTOR_CACHE_DIR', 'TORCH_NEURONX_NEFF_CACHE_DIR', 'TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT', " \
            "'TRITON_CACHE_DIR']}))"
-    ours = {v for hw in HARDWARE.values() for v in hw.cache_env}
+    ours = {v for adapter in ADAPTERS.values() for v in adapter.cache_env}
     env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(ACCELDEMO_CACHE_DIR=str(tmp_path), TRITON_CACHE_DIR="/operator/triton")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
@@ -151,24 +165,24 @@ def test_device_sets_are_written_as_hardware_index():
 
 def test_each_adapter_pins_a_process_to_a_device_set_with_its_own_variable():
     group = DeviceSet("x", (4, 5))
-    assert HARDWARE["cuda"].pin_env(group) == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    assert HARDWARE["neuron"].pin_env(group) == {"NEURON_RT_VISIBLE_CORES": "4-5"}
-    assert HARDWARE["tpu"].pin_env(group) == {"TPU_VISIBLE_DEVICES": "4,5"}
+    assert HARDWARE.get("cuda").pin_env(group) == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert HARDWARE.get("neuron").pin_env(group) == {"NEURON_RT_VISIBLE_CORES": "4-5"}
+    assert HARDWARE.get("tpu").pin_env(group) == {"TPU_VISIBLE_DEVICES": "4,5"}
 
 
 def test_a_cpu_pool_gets_a_thread_per_core_or_the_persons_omp_num_threads_if_fewer(monkeypatch):
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
+    assert HARDWARE.get("cpu").pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": "1"}
+    assert HARDWARE.get("cpu").pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": "1"}
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
-    assert HARDWARE["cpu"].pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
+    assert HARDWARE.get("cpu").pin_env(DeviceSet("cpu", (0,))) == {"OMP_NUM_THREADS": str(cores)}
 
 
 def test_a_neuron_rank_owns_its_core_of_the_pools_group(monkeypatch):
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")  # what the pool's pinning gave every rank
-    HARDWARE["neuron"].prepare_rank(1, DeviceSet("neuron", (4, 5, 6, 7)))
+    HARDWARE.get("neuron").prepare_rank(1, DeviceSet("neuron", (4, 5, 6, 7)))
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5"
 
 
@@ -179,14 +193,14 @@ def test_a_cpu_rank_shares_its_devices_cores_without_oversubscribing_them(monkey
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     try:
-        HARDWARE["cpu"].prepare_rank(0, DeviceSet("cpu", (0,)))
+        HARDWARE.get("cpu").prepare_rank(0, DeviceSet("cpu", (0,)))
         assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == max(1, len(cores) // 2)
     finally:
         torch.set_num_threads(threads)
 
 
 def test_the_cpu_is_one_device_of_all_its_cores_and_tensor_parallel_ranks_share_it():
-    cpu = HARDWARE["cpu"]
+    cpu = HARDWARE.get("cpu")
     (device,) = cpu.devices()
     assert str(device) == "cpu:0" and device.detail.startswith("cores ") and device.memory_bytes > 0
     assert cpu.device_sets(1) == cpu.device_sets(4) == [DeviceSet("cpu", (0,))]
@@ -194,7 +208,7 @@ def test_the_cpu_is_one_device_of_all_its_cores_and_tensor_parallel_ranks_share_
 
 
 def test_an_accelerator_lists_its_devices_and_groups_them_for_tensor_parallelism():
-    neuron = type(HARDWARE["neuron"])()
+    neuron = fresh("neuron")
     neuron._detected = Availability(True, "8 NeuronCores", 8, 24 * GiB)
     assert [str(d) for d in neuron.devices()] == [f"neuron:{i}" for i in range(8)]
     assert [str(s) for s in neuron.device_sets(4)] == ["neuron:0-3", "neuron:4-7"]
@@ -202,7 +216,7 @@ def test_an_accelerator_lists_its_devices_and_groups_them_for_tensor_parallelism
     # The process drives only its own first device; others get a worker pinned to them.
     assert neuron.in_process(DeviceSet("neuron", (0,))) and not neuron.in_process(DeviceSet("neuron", (1,)))
     assert neuron.torch_device(DeviceSet("neuron", (0,))) == "neuron"
-    cuda = type(HARDWARE["cuda"])()
+    cuda = fresh("cuda")
     cuda._detected = Availability(True, "2 x H200", 2, 141 * GiB)
     assert cuda.in_process(DeviceSet("cuda", (1,))) and cuda.torch_device(DeviceSet("cuda", (1,))) == "cuda:1"
 
@@ -210,7 +224,7 @@ def test_an_accelerator_lists_its_devices_and_groups_them_for_tensor_parallelism
 def test_a_tpu_host_has_one_tensor_parallel_group_from_chip_0():
     # In a torchrun rank torch-tpu sets TPU_VISIBLE_DEVICES to the local rank itself (checked against the real wheel
     # in test_torch_tpu_conformance.py): a pool on chips 4-7 would run on chips 0-3.
-    tpu = type(HARDWARE["tpu"])()
+    tpu = fresh("tpu")
     tpu._detected = Availability(True, "8 x TPU v6e", 8, 32 * GiB, "TPU v6e")
     assert [str(s) for s in tpu.device_sets(4)] == ["tpu:0-3"]
     assert [str(s) for s in tpu.device_sets(1)] == [f"tpu:{i}" for i in range(8)]

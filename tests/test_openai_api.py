@@ -23,7 +23,7 @@ from acceldemo.errors import (Cancelled, CapacityExceeded, DeviceBusy, Generatio
 from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.loading import model_availability
 from acceldemo.models.shapes import SIZES as SHAPES_SIZES, TRAINED_SIZES as TRAINED_SHAPES_SIZES
-from acceldemo.records import GenerateRequest, Shape
+from acceldemo.records import Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app
 from tests.engines import DeviceHolder, free_port, serving
@@ -140,7 +140,8 @@ def test_invalid_requests_are_400_naming_the_api_field_with_the_engine_message(c
         (dict(extra_body={"mode": "eager-fused"}), "mode", "cpu does not offer it; only tpu does"),
         (dict(extra_body={"hardware": "tpu"}), "hardware", "hardware 'tpu' is not available here"),
         (dict(n=7), "n", "n=7 is not accepted: input should be less than or equal to 4"),
-        (dict(n=2, extra_body={"seed": 2**63 - 1}), "seed", "seed=9223372036854775808 is not accepted"),
+        (dict(n=2, extra_body={"seed": 2**63 - 1}), "seed",
+         "seed=9223372036854775807 is not accepted: a whole number from 0 to 9223372036854775806"),
         (dict(response_format="gif"), "response_format", "response_format='gif' is not accepted"),
         (dict(extra_body={"seed": "abc"}), "seed", "seed='abc' is not accepted"),
         (dict(extra_body={"negative_prompt": "blurry"}), "negative_prompt",
@@ -273,31 +274,26 @@ def test_a_full_line_is_429_and_clients_that_leave_are_taken_out_of_line(fresh_m
             in error.message
         leaving.join(30)
         assert gave_up
-        while m.counters()["requests"]["cancelled"] < 1:  # its client hung up: it leaves the line
-            assert time.monotonic() < deadline, m.counters()
+        while m.snapshot().counters.requests["cancelled"] < 1:  # its client hung up: it leaves the line
+            assert time.monotonic() < deadline, m.snapshot().counters
             time.sleep(0.05)
         assert m.queue_depth() == 0 and blocker.is_alive()
         with httpx.stream("POST", url + "/v1/images/generations", json={"prompt": "watching", "stream": True},
                           timeout=30) as streamed:
             first = next(streamed.iter_lines())
             assert first == "event: image_generation.progress"  # 1st in line for cpu:0; then it hangs up
-        while m.counters()["requests"]["cancelled"] < 2:
-            assert time.monotonic() < deadline + 30, m.counters()
+        while m.snapshot().counters.requests["cancelled"] < 2:
+            assert time.monotonic() < deadline + 30, m.snapshot().counters
             time.sleep(0.05)
         assert m.queue_depth() == 0 and blocker.is_alive()
         blocker.release()
-        assert m.counters()["requests"] == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 2, "failed": 0}
+        assert m.snapshot().counters.requests == {"ok": 1, "invalid": 0, "refused": 1, "cancelled": 2, "failed": 0}
 
 
 def test_generation_is_503_until_the_start_up_warm_up_is_done(fresh_manager):
     m = fresh_manager()
-    release, real_warm_up = threading.Event(), m.warm_up
-
-    def slow_warm_up(base, shapes):
-        release.wait(60)
-        return real_warm_up(base, shapes)
-
-    m.warm_up = slow_warm_up
+    blocker = DeviceHolder(m)  # the start-up warm-up waits behind it
+    blocker.start()
     with serving(create_app(m, warmup=("eager", [Shape(64, 64)]))) as url:
         client = sdk(url)
         with pytest.raises(openai.InternalServerError) as raised:
@@ -306,7 +302,7 @@ def test_generation_is_503_until_the_start_up_warm_up_is_done(fresh_manager):
         assert (error.status_code, error.code) == (503, "warming_up") and error.response.headers["retry-after"]
         assert "warming 64x64 (eager)" in error.message
         assert {model.id for model in client.models.list()} == set(CATALOG)  # the catalog answers meanwhile
-        release.set()
+        blocker.release()
         deadline = time.monotonic() + 60
         while get(url + "/ready")[0] != 200:
             assert time.monotonic() < deadline
@@ -332,11 +328,11 @@ def test_an_engine_failure_is_500_or_an_error_event_with_the_engine_message(fres
             for event in sdk(url).images.generate(prompt="a red circle", stream=True):
                 seen.append(event.message)
         assert seen == ["running on cpu:0"]  # the stream had begun: the failure is its last event
-        assert get(url + "/health")[0] == 200 and m.counters()["requests"]["failed"] == 2
+        assert get(url + "/health")[0] == 200 and m.snapshot().counters.requests["failed"] == 2
 
 
 def test_every_engine_error_has_its_status():
-    statuses = [(QueueFull(3, 3), 429, None), (DeviceBusy("cpu:0 stayed busy"), 503, None),
+    statuses = [(QueueFull(3, 3, 2, 5), 429, None), (DeviceBusy("cpu:0 stayed busy"), 503, None),
                 (CapacityExceeded("already holds 32 shapes"), 400, "size"),
                 (UnknownName("model", "sdxl", ["a"]), 404, "model"),
                 (UnknownName("mode", "fast", ["eager"]), 400, "mode"),

@@ -20,37 +20,38 @@ import pytest
 from PIL import Image
 
 from acceldemo.config import Settings
-from acceldemo.engine import SessionManager
 from acceldemo.engine.validation import check_request
 from acceldemo.errors import GenerationFailed
 from acceldemo.executors.local import LocalExecutor
 from acceldemo.executors.pool import PoolExecutor, _root_cause
 from acceldemo.executors.recipe import run_pipeline
-from acceldemo.hardware import get_hardware
+from acceldemo.executors.worker import Run
+from acceldemo.hardware import HardwareRegistry
 from acceldemo.models.catalog import get_model
-from acceldemo.records import DeviceSet, GenerateRequest, PipelineKey, RunOutput, no_progress
+from acceldemo.records import DeviceSet, GenerateParams, Phase, PipelineKey, Placement, Request, RunOutput, Shape, \
+    no_progress
 from tests.engines import processes_started_by
 
 REPO = Path(__file__).resolve().parents[1]
+SETTINGS = Settings.from_env()
+HARDWARE = HardwareRegistry(SETTINGS)
 
 
-def tp_request(model: str = "tiny-flux2-klein", **kw) -> GenerateRequest:
-    return check_request(GenerateRequest(**{
+def tp_request(model: str = "tiny-flux2-klein", **kw) -> Request:
+    return check_request(GenerateParams(**{
         "prompt": "a red circle on a blue background", "model": model, "hardware": "cpu", "placement": "tp",
-        "tp_size": 2, "width": 64, "height": 64, **kw}), Settings.from_env())
+        "tp_size": 2, "resolution": "64x64", "seed": 0, **kw}), SETTINGS, HARDWARE)
 
 
-def key_of(request: GenerateRequest) -> PipelineKey:
-    return PipelineKey(request.model, request.hardware, request.mode, request.placement, request.tp_size,
-                       DeviceSet("cpu", (0,)))
+def key_of(request: Request) -> PipelineKey:
+    return request.key(DeviceSet("cpu", (0,)))
 
 
-def one_process_image(request: GenerateRequest) -> np.ndarray:
+def one_process_image(request: Request) -> np.ndarray:
     """The same request on the same weights, unsharded, in this process (float pixels)."""
-    spec = get_model(request.model)
-    local = LocalExecutor(Settings.from_env()).load(replace(key_of(request), placement="device", tp_size=1), spec,
-                                                    no_progress)
-    return run_pipeline(local.pipe, spec, get_hardware("cpu"), request, False, no_progress, output_type="np").images[0]
+    local = LocalExecutor(SETTINGS, HARDWARE).load(replace(key_of(request), placement=Placement.DEVICE, tp_size=1),
+                                                   request.spec, no_progress)
+    return run_pipeline(local.pipe, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
 
 
 def pool_processes(channel: str) -> list[int]:
@@ -81,7 +82,7 @@ def wait_until_gone(channel: str, seconds: float) -> list[int]:
 
 @pytest.fixture(scope="module")
 def pool():
-    executor = PoolExecutor(Settings.from_env(), timeout_s=180)
+    executor = PoolExecutor(SETTINGS, HARDWARE, timeout_s=180)
     yield executor
     executor.close()
 
@@ -106,8 +107,8 @@ def test_after_a_pool_restart_a_compiled_pipeline_announces_its_compile_again():
             self.pipelines, self.runs = set(), []
 
         def call(self, command, on_progress, cancelled=None):
-            if command.kind == "run":
-                self.runs.append(command.args[1])  # expect_compile as sent to the ranks
+            if isinstance(command, Run):
+                self.runs.append(command.expect_compile)  # as sent to the ranks
                 return RunOutput(images=[], seconds=0.0, new_graphs=0, compile_seconds=0.0)
             return []
 
@@ -139,7 +140,7 @@ def test_a_world_of_one_loads_the_pipeline_whole():
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        pipe, counts = load_sharded_pipeline(get_model("tiny-flux2-klein"), Settings.from_env(),
+        pipe, counts = load_sharded_pipeline(get_model("tiny-flux2-klein"), SETTINGS,
                                              init_device_mesh("cpu", (1,)))
     finally:
         dist.destroy_process_group()
@@ -198,7 +199,7 @@ def test_sharded_flux2_klein_image_equals_the_one_process_image(klein):
     messages = [e.message for e in klein.load_events]
     assert "starting 2 rank(s) on cpu:0 (torchrun)" in messages
     assert any(m.startswith("rank 1 loaded: transformer") for m in messages)
-    assert {e.phase for e in klein.load_events} == {"load"}
+    assert {e.phase for e in klein.load_events} == {Phase.LOAD}
 
 
 @pytest.mark.slow
@@ -219,7 +220,7 @@ def test_compiled_tp_second_visit_to_a_shape_compiles_nothing(pool):
     first = pipeline.run(request, True, events.append)
     second = pipeline.run(replace(request, seed=7, prompt="a green square"), False, no_progress)
     assert first.new_graphs > 0 and first.compile_seconds > 0
-    assert "compile" in [e.phase for e in events]
+    assert Phase.COMPILE in [e.phase for e in events]
     assert second.new_graphs == 0
     assert second.images[0].size == (64, 64)
 
@@ -229,7 +230,7 @@ def test_a_failing_request_is_answered_and_the_pool_keeps_serving(pool, klein):
     launcher = pool.health()[0].launcher_pid
     # 8x8 is below what the tiny VAE can decode: the pipeline itself raises, on every rank.
     with pytest.raises(RuntimeError, match="Kernel size can't be greater"):
-        klein.run(replace(tp_request(), width=8, height=8), False, no_progress)
+        klein.run(replace(tp_request(), shape=Shape(8, 8)), False, no_progress)
     assert klein.run(tp_request(), False, no_progress).images[0].size == (64, 64)
     health = pool.health()[0]
     assert health.alive and health.launcher_pid == launcher and len(health.ranks) == 2
@@ -240,7 +241,7 @@ def test_cancel_reaches_every_rank_and_stops_at_the_next_step(klein):
     steps = []
 
     def on_progress(event):
-        if event.phase == "denoise":
+        if event.phase is Phase.DENOISE:
             steps.append(event.step)
 
     out = klein.run(tp_request(steps=50), False, on_progress, cancelled=lambda: bool(steps))
@@ -281,9 +282,9 @@ def test_the_channel_refuses_a_client_without_the_secret(pool, klein, tmp_path):
 
 @pytest.mark.slow
 def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothing_is_left(fresh_manager):
-    manager: SessionManager = fresh_manager()
-    request = GenerateRequest(prompt="a red circle on a blue background", model="tiny-flux2-klein", hardware="cpu",
-                              placement="tp", tp_size=2, width=128, height=128, steps=50)
+    manager = fresh_manager()
+    request = GenerateParams(prompt="a red circle on a blue background", model="tiny-flux2-klein", hardware="cpu",
+                             placement="tp", tp_size=2, resolution="128x128", steps=50, seed=0)
     first = manager.generate(request)
     executor = manager.executor.executor_for(first.key)
     channels = [executor.health()[0].channel]
@@ -292,7 +293,7 @@ def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothin
         victim = executor.health()[0].ranks[1].pid
 
         def on_progress(event):
-            if event.phase == "denoise" and event.step == 2:
+            if event.phase is Phase.DENOISE and event.step == 2:
                 os.kill(victim, sig)
         return on_progress
 
@@ -324,7 +325,7 @@ def test_cli_tp_image_equals_the_device_image(tmp_path):
     def generate(placement: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "acceldemo", "generate", "--prompt", "x", "--hardware", "cpu", "--size", "64x64",
-             "--json", "--out", str(tmp_path / placement), "--placement", placement,
+             "--seed", "0", "--json", "--out", str(tmp_path / placement), "--placement", placement,
              *(["--tp", "2"] if placement == "tp" else [])],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -350,7 +351,9 @@ faulthandler.enable()  # a SIGABRT from the test shows where a hung exit waits
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from acceldemo.config import Settings
 from acceldemo.executors.pool import PoolExecutor
-executor = PoolExecutor(Settings.from_env(), timeout_s=120)
+from acceldemo.hardware import HardwareRegistry
+settings = Settings.from_env()
+executor = PoolExecutor(settings, HardwareRegistry(settings), timeout_s=120)
 from acceldemo.records import DeviceSet
 executor.pool_for(DeviceSet("cpu", (0,)), 2, lambda event: None)
 print(executor.health()[0].channel, flush=True)

@@ -1,6 +1,5 @@
 """Replicas: copies of a pipeline on the host's devices behind the engine's one line — here two CPU replicas, each a
 worker process pinned to its own core."""
-import dataclasses
 import json
 import os
 import signal
@@ -13,23 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from acceldemo import config
-from acceldemo.records import DeviceSet, GenerateRequest, Shape
-from tests.engines import new_manager, processes_started_by
+from acceldemo.records import DeviceSet, GenerateParams, Phase, ReplicaState, Shape
+from tests.engines import new_manager, processes_started_by, settings_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def two_replicas(monkeypatch):
-    """A manager whose CPU is split into two replicas of one core each (this process's settings say so too: the
-    hardware adapter splits the cores by them)."""
+def two_replicas():
+    """An engine whose CPU is split into two replicas of one core each (its settings say so: the hardware adapter
+    splits the cores by them)."""
     made = []
 
     def make(**overrides):
-        settings = dataclasses.replace(config.settings(), replicas={"cpu": 2}, **overrides)
-        monkeypatch.setattr(config, "_current", settings)
-        made.append(new_manager(settings))
+        made.append(new_manager(settings_with(replicas={"cpu": 2}, **overrides)))
         return made[-1]
 
     yield make
@@ -38,16 +34,17 @@ def two_replicas(monkeypatch):
     assert processes_started_by(os.getpid()) == []  # no replica outlives its manager
 
 
-def request(seed: int = 0, **fields) -> GenerateRequest:
-    return GenerateRequest(**{"prompt": "a red circle on a blue background", "hardware": "cpu", "steps": 2,
-                              "seed": seed, **fields})
+def request(seed: int = 0, **fields) -> GenerateParams:
+    return GenerateParams(**{"prompt": "a red circle on a blue background", "hardware": "cpu", "steps": 2,
+                             "seed": seed, **fields})
+
+
+def replicas_of(engine) -> dict:
+    return {str(r.devices): r for r in engine.snapshot().replicas}
 
 
 def test_the_cpu_splits_into_one_device_per_replica_each_a_pinned_worker(two_replicas):
-    from acceldemo.hardware import HARDWARE
-
-    two_replicas()
-    cpu = HARDWARE["cpu"]
+    cpu = two_replicas().hardware.get("cpu")
     cores = sorted(os.sched_getaffinity(0))
     half = (len(cores) + 1) // 2
     assert cpu.device_sets(1) == [DeviceSet("cpu", (0,)), DeviceSet("cpu", (1,))]
@@ -72,9 +69,10 @@ def test_two_replicas_serve_two_requests_at_the_same_time(two_replicas):
         list(pool.map(ask, (10, 11)))
     (a_start, a_end), (b_start, b_end) = spans["cpu:0"], spans["cpu:1"]
     assert a_start < b_end and b_start < a_end  # the intervals overlap: one request on each replica at once
-    replicas = {str(r.devices): r for r in m.replicas()}
-    assert {d: (r.state, r.served) for d, r in replicas.items()} == {"cpu:0": ("idle", 2), "cpu:1": ("idle", 2)}
-    assert replicas["cpu:0"].shapes == ("64x64",) and replicas["cpu:1"].last_latency > 0
+    replicas = replicas_of(m)
+    assert {d: (r.state, r.served) for d, r in replicas.items()} == {"cpu:0": (ReplicaState.IDLE, 2),
+                                                                      "cpu:1": (ReplicaState.IDLE, 2)}
+    assert replicas["cpu:0"].shapes == (Shape(64, 64),) and replicas["cpu:1"].last_latency > 0
 
 
 @pytest.mark.slow
@@ -88,7 +86,7 @@ def test_a_second_replica_loads_the_shape_the_first_compiled(two_replicas, tmp_p
     assert (first.new_graphs, first.compile_cache_hits) == (1, 0)
     assert (second.new_graphs, second.compile_cache_hits) == (0, 1)
     assert second.compile_seconds < first.compile_seconds / 5
-    assert m.package_events() == {"built": 1, "loaded": 1, "rejected": 0}
+    assert m.artifacts.counts() == {"built": 1, "loaded": 1, "rejected": 0}
     assert len(list(tmp_path.glob("aoti/*/cpu/*.pt2"))) == 1
 
 
@@ -100,7 +98,7 @@ def test_warm_up_warms_every_replica(two_replicas):
         ("cpu:0", "64x64", "ready"), ("cpu:0", "96x64", "ready"), ("cpu:1", "64x64", "ready"),
         ("cpu:1", "96x64", "ready")]
     for devices in ("cpu:0", "cpu:1"):
-        assert m.generate(request(mode="regional", device=devices, width=96)).new_graphs == 0
+        assert m.generate(request(mode="regional", device=devices, resolution="96x64")).new_graphs == 0
 
 
 @pytest.mark.slow
@@ -117,9 +115,10 @@ def test_a_killed_replica_loses_no_request_and_comes_back(two_replicas):
 
         def progress(event):
             # At a denoise step on cpu:1 once a few requests are through, its rank dies under the request.
-            if event.phase == "queue" and event.message.startswith("running on"):
+            if event.phase is Phase.QUEUE and event.message.startswith("running on"):
                 running_on.append(event.message.split()[-1])
-            if running_on[-1:] == ["cpu:1"] and event.phase == "denoise" and len(done) >= 4 and not killed.is_set():
+            if running_on[-1:] == ["cpu:1"] and event.phase is Phase.DENOISE and len(done) >= 4 \
+                    and not killed.is_set():
                 killed.set()
                 os.kill(victim, signal.SIGKILL)
         return progress
@@ -133,10 +132,11 @@ def test_a_killed_replica_loses_no_request_and_comes_back(two_replicas):
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(client, range(8)))
     assert killed.is_set() and len(done) == 32  # every request came back with its own image
-    assert m.counters()["requests"]["ok"] == 34 and m.counters()["replica_restarts"] == 1
+    counters = m.snapshot().counters
+    assert counters.requests["ok"] == 34 and counters.replica_restarts == 1
     deadline = time.monotonic() + 120
-    while (replica := next(r for r in m.replicas() if str(r.devices) == "cpu:1")).state != "idle":
-        assert time.monotonic() < deadline and not replica.state.startswith("down"), replica
+    while (replica := replicas_of(m)["cpu:1"]).state is not ReplicaState.IDLE:
+        assert time.monotonic() < deadline and replica.state is not ReplicaState.DOWN, replica
         time.sleep(0.5)
     assert replica.restarts == 1 and replica.pipelines  # restarted in the background, its pipeline loaded again
     assert m.generate(request(7, device="cpu:1")).facts()["device"] == "cpu:1"

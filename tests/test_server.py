@@ -88,7 +88,7 @@ def test_status_endpoint_lists_pipelines_and_shapes(client, server):
     compiled = next(p for p in status["pipelines"] if p["mode"] == "compiled")
     shapes = {s["shape"]: s for s in compiled["shapes"]}
     assert shapes["64x64"]["state"] == "ready" and shapes["64x64"]["graphs"] > 0 and shapes["64x64"]["hits"] >= 1
-    assert status["startup_warmup"].startswith("done: 64x64 ready")
+    assert status["startup"]["shown"].startswith("done: 64x64 ready") and status["startup"]["state"] == "done"
     # The tests' aot_eager backend has no packages: the store is reported, empty.
     assert {k: status["precompiled"][k] for k in ("setting", "packages", "built", "hit_rate")} == \
         {"setting": "auto", "packages": 0, "built": 0, "hit_rate": None}

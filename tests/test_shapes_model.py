@@ -304,7 +304,9 @@ def test_compiled_transformer_draws_like_eager(eager_pipe, mode):
         pipe.transformer.compile_repeated_blocks(**options)
     prompts = [scene.template_caption for scene in HELD_OUT]
     try:
-        compiled = _draw(pipe, prompts)
+        # Other tests compiled this transformer code at other shapes already: room for this one, as the app gives.
+        with torch._dynamo.config.patch(recompile_limit=64):
+            compiled = _draw(pipe, prompts)
     finally:
         torch._dynamo.reset()
     _assert_drawn_as_asked(compiled, HELD_OUT)

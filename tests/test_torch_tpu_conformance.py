@@ -38,14 +38,16 @@ exec(compile(sys.stdin.read(), "<conformance-code>", "exec"), namespace)
 print({_RESULT!r} + json.dumps(namespace.get("result")), flush=True)
 """
 
-# Detection through the adapter, as the app does it: `import acceldemo` first, then the probe in a child process.
+# Detection through the adapter, as the app does it: the entry point prepares the process first, then the probe in a
+# child process.
 DETECTED = """
 import os, sys
-import acceldemo
+from acceldemo.config import Settings
+from acceldemo.hardware import HardwareRegistry, prepare_process
+prepare_process(Settings.from_env())
 from acceldemo.errors import AcceldemoError
-from acceldemo.hardware import get_hardware
 
-tpu = get_hardware("tpu")
+tpu = HardwareRegistry(Settings.from_env()).get("tpu")
 found = tpu.detect()
 result = {"detected": [found.available, found.reason, found.device_count, found.memory_bytes, found.generation],
           "tensor_parallel_sizes": tpu.tensor_parallel_sizes()}
@@ -60,8 +62,9 @@ if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
     import torch_tpu
 import torch._dynamo
 import torch.distributed
+from acceldemo.config import Settings
 from acceldemo.errors import AcceldemoError
-from acceldemo.hardware import get_hardware
+from acceldemo.hardware import HardwareRegistry
 
 
 def registered():
@@ -83,7 +86,7 @@ facts["set_eager_mode block"] = {"a context manager": hasattr(block, "__enter__"
 facts["experimental warning"] = any("experimental" in str(w.message) for w in caught)
 facts["torch.backends entry points"] = [e.name for e in importlib.metadata.entry_points(group="torch.backends")]
 try:
-    get_hardware("tpu").activate()
+    HardwareRegistry(Settings.from_env()).get("tpu").activate()
     facts["activate refused"] = None
 except AcceldemoError as error:
     facts["activate refused"] = str(error)
@@ -91,7 +94,7 @@ facts["after activate"] = registered()
 result = {**globals().get("result", {}), "facts": facts}
 """
 
-# The adapter's eager modes; the compilation cache variable in the process's C environment after `import acceldemo`
+# The adapter's eager modes; the compilation cache variable in the process's C environment after the app prepared it
 # and torch, and the torch_tpu libraries that name it. Its runtime reads it once, when the cache is first used, which
 # needs a chip: the value the runtime would find, and that it looks for this name, is what can be seen here.
 MODES_AND_CACHE = """
@@ -123,25 +126,26 @@ except AcceldemoError as error:
 # Every tp_size a person can ask for, through validation and, where it passes, the adapter's launch env; what the
 # placement proposal picks; and what torch-tpu's launcher itself accepts and its generation tables say.
 SIZES = """
-from acceldemo.config import settings
+from acceldemo.config import Settings
 from acceldemo.engine.validation import check_placement, check_request, propose_placement, tensor_parallel_options
+from acceldemo.hardware import HardwareRegistry
 from acceldemo.models.catalog import CATALOG
-from acceldemo.records import GenerateRequest
+from acceldemo.records import GenerateParams, Placement
 
 launch_env, refused = {}, {}
 for size in range(2, 65):  # what the page's number field and the CLI's --tp can send
     try:
-        check_placement(CATALOG["flux2-dev"], tpu, "tp", size)
+        check_placement(CATALOG["flux2-dev"], tpu, Placement.TP, size)
     except AcceldemoError as error:
         refused[size] = str(error)
     else:
         launch_env[size] = tpu.launcher_env(size)
 offered = tensor_parallel_options(CATALOG["flux2-dev"], tpu)  # the page's choices
-proposed = {name: [p.name, p.tp_size] for name, spec in CATALOG.items()
+proposed = {name: [str(p.placement), p.tp_size] for name, spec in CATALOG.items()
             for p in [propose_placement(spec, found, tpu.tensor_parallel_sizes())]}
 try:
-    check_request(GenerateRequest(prompt="a red fox", hardware="tpu", model="flux2-dev", placement="tp", tp_size=2),
-                  settings())
+    check_request(GenerateParams(prompt="a red fox", hardware="tpu", model="flux2-dev", placement="tp", tp_size=2),
+                  Settings.from_env(), HardwareRegistry(Settings.from_env()))
 except AcceldemoError as error:
     request_refused = f"{type(error).__name__}: {error}"
 
@@ -264,7 +268,7 @@ def runs(wheel_python, setenv_recorder, tmp_path_factory) -> dict[str, Future]:
 
     def standin(host: str, extra: dict[str, str]) -> dict[str, Any]:
         folder = tmp_path_factory.mktemp("standin")
-        library = folder / "libtpu.so"  # keeps `import acceldemo` from turning autoload off: libtpu is "there"
+        library = folder / "libtpu.so"  # keeps prepare_process from turning autoload off: libtpu is "there"
         library.write_bytes(b"")
         env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
         env.update(PYTHONPATH=python_path(write_torch_tpu(folder / "site")), TPU_LIBRARY_PATH=str(library),
@@ -357,7 +361,7 @@ def test_each_mode_runs_in_its_eager_mode_and_leaves_the_default_after(runs):
 
 def test_the_compilation_cache_is_in_the_app_cache_dir_under_the_name_torch_tpus_runtime_reads(runs):
     chip = ran(runs, "v6e:4, autoload on")
-    # `import acceldemo` set it before torch loaded torch_tpu; the runtime reads it at its first compile.
+    # prepare_process set it before torch loaded torch_tpu; the runtime reads it at its first compile.
     assert Path(chip["cache_root"]).name == "tpu" and Path(chip["cache_root"]).parent.name.startswith("cache")
     assert chip["cache_root_readers"] == ["csrc/common/glue_2_13_0/libpywrap_2_13_0_common.so"]
 

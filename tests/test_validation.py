@@ -3,22 +3,25 @@ import pytest
 
 from acceldemo.config import Settings
 from acceldemo.engine import mode_options, propose_placement
-from acceldemo.engine.validation import check_placement
+from acceldemo.engine.validation import MAX_SEED, check_placement
 from acceldemo.engine.validation import check_request as check_with
 from acceldemo.errors import HardwareUnavailable, InvalidRequest, UnknownName, UnsupportedCombination
-from acceldemo.hardware import Availability, get_hardware
+from acceldemo.hardware import Availability, HardwareRegistry
 from acceldemo.hardware.base import GiB
 from acceldemo.hardware.tpu import TpuHardware
 from acceldemo.models.catalog import CATALOG
-from acceldemo.records import GenerateRequest
+from acceldemo.records import GenerateParams, Mode, Placement, Request, Shape
+
+SETTINGS = Settings.from_env()
+HARDWARE = HardwareRegistry(SETTINGS)
 
 
-def check_request(request: GenerateRequest) -> GenerateRequest:
-    return check_with(request, Settings.from_env())
+def check_request(params: GenerateParams) -> Request:
+    return check_with(params, SETTINGS, HARDWARE)
 
 
-def req(**kw) -> GenerateRequest:
-    return GenerateRequest(**{"prompt": "a red circle", "hardware": "cpu", **kw})
+def req(**kw) -> GenerateParams:
+    return GenerateParams(**{"prompt": "a red circle", "hardware": "cpu", **kw})
 
 
 BAD = [
@@ -26,13 +29,14 @@ BAD = [
     ({"hardware": "gpu"}, UnknownName, "hardware='gpu' is not accepted: known values are cpu, cuda, neuron, tpu"),
     ({"mode": "fast"}, UnknownName, "mode='fast' is not accepted: known values are compiled, eager"),
     ({"placement": "cloud"}, UnknownName, "placement='cloud' is not accepted"),
-    ({"width": 65}, InvalidRequest, "width=65 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 64"),
-    ({"height": 1000}, InvalidRequest, "height=1000 is not accepted: a whole number from 64 to 512"),
-    ({"width": 0}, InvalidRequest, "width=0"),
-    ({"width": -64}, InvalidRequest, "width=-64"),
-    ({"width": "wide"}, InvalidRequest, "width='wide' is not accepted: a whole number"),
-    ({"width": 10**30}, InvalidRequest, "a whole number from 64 to 512"),
-    ({"width": True}, InvalidRequest, "width=True"),
+    ({"resolution": "65x64"}, InvalidRequest, "width=65 is not accepted: tiny-flux2-klein needs a multiple of 16 from 64 to 512 — try 64"),
+    ({"resolution": "64x1000"}, InvalidRequest, "height=1000 is not accepted: a whole number from 64 to 512"),
+    ({"resolution": "0x64"}, InvalidRequest, "width=0"),
+    ({"resolution": "-64x64"}, InvalidRequest, "resolution='-64x64' is not accepted: WIDTHxHEIGHT"),
+    ({"resolution": "widex64"}, InvalidRequest, "resolution='widex64' is not accepted: WIDTHxHEIGHT, e.g. 1024x1024"),
+    ({"resolution": f"{10**30}x64"}, InvalidRequest, "a whole number from 64 to 512"),
+    ({"resolution": True}, InvalidRequest, "resolution=True"),
+    ({"resolution": Shape(64, 72)}, InvalidRequest, "height=72 is not accepted"),
     ({"steps": 0}, InvalidRequest, "steps=0 is not accepted: a whole number from 1 to 100"),
     ({"steps": -3}, InvalidRequest, "steps=-3"),
     ({"steps": 10**6}, InvalidRequest, "steps=1000000"),
@@ -50,6 +54,10 @@ BAD = [
     ({"prompt": "bell\x07"}, InvalidRequest, "text without control characters"),
     ({"prompt": None}, InvalidRequest, "prompt=None"),
     ({"num_images": 0}, InvalidRequest, "num_images=0"),
+    ({"num_images": 5}, InvalidRequest, "num_images=5 is not accepted: a whole number from 1 to 4"),
+    ({"seed": MAX_SEED, "num_images": 2}, InvalidRequest, f"a whole number from 0 to {MAX_SEED - 1}"),
+    ({"placement": Mode.EAGER}, UnknownName, "placement='eager' is not accepted: known values are device, offload, tp"),
+    ({"mode": ["eager"]}, UnknownName, "mode=['eager'] is not accepted"),
     ({"mode": "eager-fused"}, UnsupportedCombination, "cpu does not offer it; only tpu does"),
     ({"model": "tiny-sd3", "mode": "regional"}, UnsupportedCombination, "has no repeated blocks"),
     ({"mode": "compiled", "placement": "offload"}, UnsupportedCombination,
@@ -68,20 +76,28 @@ def test_invalid_request_gets_a_typed_error_naming_the_field(fields, error, mess
     assert message in str(raised.value)
 
 
-def test_defaults_come_from_the_model():
-    r = check_request(GenerateRequest(prompt="  a cat  "))
+def test_defaults_come_from_the_model_the_host_and_the_engine():
+    r = check_request(GenerateParams(prompt="  a cat  "))
     spec = CATALOG["tiny-flux2-klein"]
-    assert (r.model, r.hardware, r.mode, r.placement, r.tp_size) == ("tiny-flux2-klein", "cpu", "eager", "device", 1)
-    assert (r.width, r.height, r.steps, r.guidance, r.prompt) == (64, 64, spec.steps, spec.guidance, "a cat")
+    assert (r.model, r.hardware, r.mode, r.placement, r.tp_size) == ("tiny-flux2-klein", "cpu", Mode.EAGER,
+                                                                      Placement.DEVICE, 1)
+    assert (r.shape, r.steps, r.guidance, r.prompt, r.num_images, r.devices) == (Shape(64, 64), spec.steps,
+                                                                                 spec.guidance, "a cat", 1, None)
+    assert 0 <= r.seed <= MAX_SEED and check_request(GenerateParams(prompt="a cat")).seed != r.seed  # drawn each time
 
 
-def test_numbers_typed_as_text_are_accepted():
-    r = check_request(req(width="128", height="64", steps="3", guidance="2.5", seed="42"))
-    assert (r.width, r.height, r.steps, r.guidance, r.seed) == (128, 64, 3, 2.5, 42)
+def test_a_checked_request_is_fully_typed():
+    r = check_request(req(resolution=" 128 x 64 ", steps="3", guidance="2.5", seed="42", mode="compiled",
+                          placement="device", num_images=2.0))
+    assert (r.shape, r.steps, r.guidance, r.seed, r.seeds, r.num_images) == (Shape(128, 64), 3, 2.5, 42, (42, 43), 2)
+    assert type(r.steps) is int and type(r.guidance) is float and type(r.seed) is int
+    assert r.mode is Mode.COMPILED and r.placement is Placement.DEVICE and r.spec is CATALOG["tiny-flux2-klein"]
+    with pytest.raises(AttributeError):
+        r.steps = 5  # frozen
 
 
 def test_sd3_offers_no_regional_mode_and_says_why():
-    options = {o.name: o for o in mode_options(CATALOG["sd3.5-medium"], get_hardware("tpu"), "device")}
+    options = {o.name: o for o in mode_options(CATALOG["sd3.5-medium"], TpuHardware(SETTINGS), Placement.DEVICE)}
     assert options["eager-fused"].ok and options["compiled"].ok
     assert not options["regional"].ok and "no repeated blocks" in options["regional"].reason
 
@@ -96,7 +112,7 @@ def test_sd3_offers_no_regional_mode_and_says_why():
 ])
 def test_placement_is_proposed_from_weights_and_device_memory(model, memory_gib, count, placement, tp):
     proposal = propose_placement(CATALOG[model], Availability(True, "", count, memory_gib * GiB))
-    assert (proposal.name, proposal.tp_size) == (placement, tp)
+    assert (proposal.placement, proposal.tp_size) == (placement, tp)
     assert "GB" in proposal.reason
 
 
@@ -109,17 +125,17 @@ class _V6eHost(TpuHardware):
 
 def test_tp_size_the_tpu_launcher_cannot_start_is_refused_naming_the_sizes_that_work():
     with pytest.raises(InvalidRequest) as raised:
-        check_placement(CATALOG["flux2-dev"], _V6eHost(), "tp", 2)
+        check_placement(CATALOG["flux2-dev"], _V6eHost(SETTINGS), Placement.TP, 2)
     assert str(raised.value) == ("tp_size=2 is not accepted: TPU v6e runs tensor parallel on 1, 4 or 8 chips — "
                                  "2 is not one of them")
-    assert [check_placement(CATALOG["flux2-dev"], _V6eHost(), "tp", size) for size in (4, 8)] == [4, 8]
+    assert [check_placement(CATALOG["flux2-dev"], _V6eHost(SETTINGS), Placement.TP, size) for size in (4, 8)] == [4, 8]
 
 
 @pytest.mark.parametrize("sizes, tp", [(None, 2), ((1, 4, 8), 4), ((2, 4, 8), 2)])
 def test_tensor_parallel_is_proposed_only_over_sizes_the_launcher_accepts(sizes, tp):
     # FLUX.2-dev's largest component fits two 48 GiB devices.
     proposal = propose_placement(CATALOG["flux2-dev"], Availability(True, "", 8, 48 * GiB), sizes)
-    assert (proposal.name, proposal.tp_size) == ("tp", tp)
+    assert (proposal.placement, proposal.tp_size) == ("tp", tp)
 
 
 @pytest.mark.parametrize("model, count, placement, replicas, says", [
@@ -130,5 +146,5 @@ def test_tensor_parallel_is_proposed_only_over_sizes_the_launcher_accepts(sizes,
 def test_the_proposal_says_how_many_replicas_the_host_holds(model, count, placement, replicas, says):
     memory = {"device": 24, "tp": 32}[placement] * GiB
     proposal = propose_placement(CATALOG[model], Availability(True, "", count, memory), (1, 4, 8))
-    assert (proposal.name, proposal.replicas) == (placement, replicas)
+    assert (proposal.placement, proposal.replicas) == (placement, replicas)
     assert proposal.reason.endswith(says), proposal.reason
