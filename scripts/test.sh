@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 tier=()
 if [ "${1:-}" = "--fast" ]; then
   shift
-  tier=(-m "not slow and not inductor and not tpu_wheel")
+  tier=(-m "not slow and not heavy and not inductor and not tpu_wheel")
 elif [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null

@@ -19,6 +19,8 @@ from acceldemo.hardware import ADAPTERS
 from tests.fakes.fake_process import run_in_fake_device_process
 from tests.fakes.standin_packages import SIMULATED_TPUS, python_path, write_torch_neuronx, write_torch_tpu
 
+pytestmark = pytest.mark.heavy  # outside the quick tier (scripts/test.sh --fast); run in CI
+
 # The variables the app's entry point points into its cache dir. Each child gets its own cache dir,
 # so it must not inherit the values this test process already set.
 CACHE_VARIABLES = sorted({variable for adapter in ADAPTERS.values() for variable in adapter.cache_env})

@@ -108,6 +108,7 @@ def test_device_script_full_configs_are_the_4b_architecture():
     assert config["transformer"]["joint_attention_dim"] == 3 * config["text_encoder"]["hidden_size"]
 
 
+@pytest.mark.slow
 def test_device_script_dry_run_measures_every_variant_on_cpu(tmp_path):
     out = tmp_path / "dry.json"
     done = _run([str(DEVICE_SCRIPT), "--dry-run", "--out", str(out), "--variants",

@@ -63,6 +63,7 @@ def test_info_in_words_names_what_is_absent_and_why(capsys):
     assert "on cpu: placement device" in out and "regional (the Tiny SD3" in out
 
 
+@pytest.mark.slow
 def test_generate_reports_new_graphs_then_warm(capsys, tmp_path):
     status, out, _ = main(capsys, "generate", "--prompt", "a red circle", "--json", "--mode", "compiled",
                           "--size", "64x64", "--size", "128x64", "--size", "64x64", "--out", str(tmp_path))

@@ -167,6 +167,7 @@ def test_a_compile_failure_marks_only_that_shape_failed(fresh_manager, monkeypat
     assert states["64x64"] == (ShapeState.READY, "")
 
 
+@pytest.mark.slow
 def test_compiled_output_equals_eager_on_every_tiny_family():
     from acceldemo.config import Settings
     from acceldemo.executors.recipe import apply_recipe, recompile_limits

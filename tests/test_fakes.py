@@ -10,6 +10,8 @@ import torch
 from tests.fakes.fake_process import FakeDeviceProcessError, run_in_fake_device_process
 from tests.fakes.recording_backend import register_recording_backend
 
+pytestmark = pytest.mark.heavy  # outside the quick tier (scripts/test.sh --fast); run in CI
+
 TENSOR_BASICS = """
 import torch
 import torch.nn.functional as F

@@ -254,6 +254,7 @@ def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_
         assert done == {"ready": True, "warmup": "done: 64x64 ready"}
 
 
+@pytest.mark.slow
 def test_page_and_engine_callers_share_one_line_and_one_set_of_counters(fresh_manager):
     # A queue of 2 while a job holds the only device: of 6 requests sent at once, 3 through the page's API
     # (gradio_client) and 3 straight to the engine, exactly 2 wait and 4 are refused with QueueFull.

@@ -48,6 +48,8 @@ from training.shapes.dataset import (
 )
 from training.shapes.judge import judge
 
+pytestmark = pytest.mark.heavy  # outside the quick tier (scripts/test.sh --fast); run in CI
+
 SHAPES_MODEL = get_model("tiny-shapes")
 # Held-out scenes: no training caption names all four of their parts.
 HELD_OUT = [

@@ -15,6 +15,8 @@ from PIL import Image
 from acceldemo.models import tiny
 from acceldemo.models.tiny import TINY_BUILD_VERSION, TINY_FAMILIES, build_tiny_pipeline, ensure_tiny_model
 
+pytestmark = pytest.mark.heavy  # outside the quick tier (scripts/test.sh --fast); run in CI
+
 PIPELINE_CLASSES = {
     "flux2-klein": "Flux2KleinPipeline",
     "flux1": "FluxPipeline",
