@@ -61,7 +61,7 @@ PLANS = {
     "full": Plan("full", "inductor", overhead_pairs=30, shapes=_shapes("64x64", "128x128", "256x256"),
                  latency_runs=15, revisit_shapes=REVISIT_DISTINCT, compile_runs=2, warm_runs=15,
                  restart_backend="inductor", cold_runs=2, restart_runs=3, serving_mode="compiled",
-                 serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=15,
+                 serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=40,
                  replica_clients=8, replica_per_client=8),
     "quick": Plan("quick", "aot_eager", overhead_pairs=16, shapes=_shapes("64x64", "128x128"), latency_runs=6,
                   revisit_shapes=REVISIT_SHARED, compile_runs=1, warm_runs=6, restart_backend="inductor",

@@ -26,7 +26,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from io import BytesIO
 from pathlib import Path
 
 from ..config import PoolLaunch, Settings
@@ -295,7 +294,7 @@ class PoolPipeline:
         if output_type == "pil":
             from PIL import Image
 
-            out = dataclasses.replace(out, images=[Image.open(BytesIO(png)).convert("RGB") for png in out.images])
+            out = dataclasses.replace(out, images=[Image.fromarray(pixels) for pixels in out.images])
         return out
 
     def close(self) -> None:
