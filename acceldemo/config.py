@@ -66,6 +66,12 @@ class Settings:
     warmup: str | None = None
     auth: str | None = None
     api_token: str | None = None
+    # A Ray cluster whose nodes run the pipeline replicas as a Ray Serve deployment (`auto`: the cluster `ray start`
+    # began on this host); None: this host's own devices, no Ray.
+    ray_address: str | None = None
+    # Ray Serve's autoscaling of those replicas (min_replicas — 0 scales to zero —, max_replicas,
+    # target_ongoing_requests, ...); empty: a fixed number of replicas (--replicas, else one per device on the cluster).
+    ray_autoscaling: dict = field(default_factory=dict)
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> "Settings":
@@ -85,6 +91,19 @@ class Settings:
             except ValueError:
                 raise ValueError(f"{name}={value!r} is not accepted: a {'whole ' if kind is int else ''}number") \
                     from None
+
+        def json_object(name: str) -> dict:
+            value = env.get(name)
+            if not value:
+                return {}
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{name}={value!r} is not accepted: a JSON object, e.g. "
+                                 '{"min_replicas": 0, "max_replicas": 4}')
+            return parsed
 
         def choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
             value = env.get(name) or default
@@ -117,6 +136,8 @@ class Settings:
             warmup=text("ACCELDEMO_WARMUP"),
             auth=text("ACCELDEMO_AUTH"),
             api_token=text("ACCELDEMO_API_TOKEN"),
+            ray_address=text("ACCELDEMO_RAY_ADDRESS"),
+            ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
         )
 
     def replicas_of(self, hardware: str) -> int | None:

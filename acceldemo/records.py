@@ -269,6 +269,8 @@ class GenerateResult:
     note: str = ""
     # For a request of several images: each image's own result, in order.
     parts: tuple["GenerateResult", ...] = ()
+    # The host that drew it (on a Ray cluster: host name/Ray node id), beside `device`.
+    node: str = ""
 
     @property
     def image(self):
@@ -287,7 +289,7 @@ class GenerateResult:
             load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in parts),
             new_graphs=sum(p.new_graphs for p in parts), warm=all(p.warm for p in parts),
             compile_cache_hits=sum(p.compile_cache_hits for p in parts), step_seconds=first.step_seconds,
-            unknown_words=first.unknown_words, note=first.note, parts=tuple(parts))
+            unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node)
 
     def facts(self, image: int = 0) -> dict[str, Any]:
         """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
@@ -303,6 +305,6 @@ class GenerateResult:
             "load_seconds": round(self.load_seconds, 4),
             "compile_seconds": round(self.compile_seconds, 4), "new_graphs": self.new_graphs,
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
-            "device": str(self.key.devices or self.key.hardware),
+            "device": str(self.key.devices or self.key.hardware), "node": self.node,
             "unknown_words": list(self.unknown_words), "note": self.note,
         }

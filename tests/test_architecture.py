@@ -172,10 +172,11 @@ def test_the_engine_never_imports_the_worker_pool():
 def test_lower_layers_never_import_upper_ones():
     # hardware and models know nothing of the engine, the executors or the front ends; the engine nothing of
     # the front ends.
-    upper = {"hardware": ("engine", "executors", "builder", "ui", "cli", "bench"),
-             "models": ("engine", "executors", "builder", "ui", "cli", "bench"),
-             "executors": ("engine", "builder", "ui", "cli", "bench"),
-             "engine": ("builder", "ui", "cli", "bench")}
+    upper = {"hardware": ("engine", "executors", "builder", "fleet", "ui", "cli", "bench"),
+             "models": ("engine", "executors", "builder", "fleet", "ui", "cli", "bench"),
+             "executors": ("engine", "builder", "fleet", "ui", "cli", "bench"),
+             "engine": ("builder", "fleet", "ui", "cli", "bench"),
+             "fleet": ("ui", "cli", "bench")}
     wrong = []
     for layer, forbidden in upper.items():
         for path in (PACKAGE / layer).rglob("*.py"):

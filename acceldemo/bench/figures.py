@@ -77,6 +77,16 @@ class Figure:
         data["met"] = self.met
         return data
 
+    @staticmethod
+    def from_dict(data: dict) -> "Figure":
+        """A figure back from `as_dict` (one measured in a child process)."""
+        target = data.get("target")
+        op, _, bound = target.partition(" ") if target else ("", "", "")
+        return Figure(data["key"], data["section"], data["title"], data["unit"],
+                      Spread(**data["value"]) if data.get("value") else None,
+                      Target(op, float(bound)) if target else None, data.get("note", ""), data.get("detail", {}),
+                      data.get("if_missed", ""))
+
 
 def ratios(numerators: Iterable[float], denominators: Iterable[float]) -> Spread:
     """Run-by-run ratios of interleaved measurements: drift of the machine cancels within each pair."""

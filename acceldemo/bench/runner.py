@@ -18,6 +18,8 @@ from .report import BenchReport
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
 SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas")
+# Asked for by name only (--sections): they start Ray clusters or object stores of their own.
+OPTIONAL_SECTIONS = ("fleet",)
 
 def _shapes(*sizes: str) -> tuple[Shape, ...]:
     return tuple(Shape.parse(size) for size in sizes)
@@ -328,6 +330,12 @@ def replicas(bench: InProcessBench) -> list[Figure]:
     return measure_replicas(bench)
 
 
+def fleet(bench: InProcessBench) -> list[Figure]:
+    from .fleet import fleet as measure_fleet
+
+    return measure_fleet(bench)
+
+
 def restart(bench: InProcessBench) -> list[Figure]:
     from .restart import measure_restart
 
@@ -353,7 +361,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
-    ("replicas", replicas))
+    ("replicas", replicas), ("fleet", fleet))
 
 
 def environment(options: BenchOptions, bench: InProcessBench) -> dict:

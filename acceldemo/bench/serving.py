@@ -36,7 +36,8 @@ def _free_port() -> int:
 class AppServer:
     """app.py on a free loopback port: started at once (its start-up overlaps other sections), waited for later."""
 
-    def __init__(self, warmup: str, model: str | None = None, env: dict[str, str] | None = None):
+    def __init__(self, warmup: str | None, model: str | None = None, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()):
         self.url = f"http://127.0.0.1:{_free_port()}"
         environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
         for variable in ("ACCELDEMO_AUTH", "ACCELDEMO_API_TOKEN", "ACCELDEMO_HOST", "PORT", "ACCELDEMO_WARMUP",
@@ -44,8 +45,9 @@ class AppServer:
             environment.pop(variable, None)  # the bench's client talks to a plain loopback server
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port",
-                                         self.url.rsplit(":", 1)[1], "--warmup", warmup,
-                                         *(["--model", model] if model else [])], env={**environment, **(env or {})},
+                                         self.url.rsplit(":", 1)[1], *(["--warmup", warmup] if warmup else []),
+                                         *(["--model", model] if model else []), *args],
+                                        env={**environment, **(env or {})},
                                         stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def ready(self) -> str:
@@ -60,6 +62,12 @@ class AppServer:
                     self.log.seek(0)
                     raise RuntimeError(f"app.py did not become ready: {self.log.read()[-1500:]}") from None
                 time.sleep(0.5)
+
+    def output(self) -> str:
+        """What the server printed so far."""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
     def close(self) -> None:
         if self.process.poll() is None:

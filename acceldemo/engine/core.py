@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from typing import Protocol
 
 from prometheus_client import Gauge
 
 from ..config import Settings
-from ..errors import (AcceldemoError, Cancelled, GenerationFailed, QueueFull, describe_error)
+from ..errors import AcceldemoError, Cancelled, GenerationFailed, InvalidRequest, QueueFull, describe_error
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
@@ -57,13 +59,40 @@ class Job:
         return self.future.result(timeout)
 
 
+class Fleet(Protocol):
+    """Replicas on other hosts (a Ray Serve deployment): where an engine with a fleet runs its requests instead of
+    its own devices. Its own placement and routing decide which replica draws an image."""
+
+    def capacity(self, hardware: str) -> int:
+        """Replicas of `hardware` the fleet may run at once (its autoscaling maximum): requests beyond them wait."""
+
+    def run(self, request: Request, on_progress: ProgressCallback, cancelled: Callable[[], bool]) -> GenerateResult:
+        """One image drawn by a replica (retried once elsewhere when its replica is lost), or its typed error."""
+
+    def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
+        """The shapes compiled by one replica (the others find them in the shared artifact store)."""
+
+    def replicas(self) -> list[ReplicaView]:
+        """Every node's replicas as the fleet last saw them."""
+
+    def close(self) -> None: ...
+
+
 class Engine:
     """The one way into the engine for every front end: `check` a request once, `submit` it (admitted at once or
     refused with QueueFull), `describe` and `snapshot` for the views. Where a pipeline lives (this process, a worker
-    pool) is the executor's business, chosen outside the engine."""
+    pool) is the executor's business, chosen outside the engine; with a `fleet`, replicas on other hosts run the
+    requests, and the engine keeps only the front door, the line's limit and the counters."""
 
-    def __init__(self, settings: Settings, hardware: HardwareRegistry, executor: Executor):
+    def __init__(self, settings: Settings, hardware: HardwareRegistry, executor: Executor, node: str | None = None,
+                 fleet: Fleet | None = None):
         self.settings, self.hardware, self.executor = settings, hardware, executor
+        self.node = node or socket.gethostname()
+        self.fleet = fleet
+        # Images sent to the fleet and not yet answered, by hardware (a fleet's line is Ray Serve's queue).
+        self._in_fleet: dict[str, int] = {}
+        self._fleet_latency: dict[tuple[str, Shape], float] = {}
+        self._fleet_lock = threading.Lock()
         self.stats = EngineStats()
         self.line = Line(settings.queue_size, settings.device_wait_s)
         self.artifacts = ArtifactStore.of(settings)
@@ -103,6 +132,8 @@ class Engine:
         expected wait); then it runs in threads of its own. Its images (one per seed) are admitted together, all or
         none, and may run side by side on several replicas; the request's outcome is counted once, whatever it is."""
         job = Job(request, cancelled)
+        if self.fleet is not None:
+            return self._start_in_fleet(job, request, on_progress)
         candidates = self._candidates(request)
 
         def image(member: Request) -> Callable[[Ticket, float], GenerateResult]:
@@ -132,11 +163,15 @@ class Engine:
         try:
             warm = [base.at(check_shape(base.spec, *_sides(shape)), steps=1)
                     for shape in (shapes if shapes is not None else [base.shape])]
-            candidates = self.supervisor.usable(self._candidates(base))
+            candidates = self.supervisor.usable(self._candidates(base)) if self.fleet is None else []
         except AcceldemoError as error:
             self.stats.count(Kind.WARMUP, outcome_of(error))
             raise
         job = Job(base)
+        if self.fleet is not None and warm:
+            fleet = self.fleet
+            return self._start_in_fleet(job, base, on_progress, Kind.WARMUP,
+                                        [lambda: fleet.warm_up(base, warm)], lambda parts: parts[0])
         what = f"warm-up of {', '.join(str(r.shape) for r in warm)} · {base.model} · {base.mode}"
 
         def warm_replica(devices: DeviceSet, started: float, queue_wait: float) -> list[CompiledShape]:
@@ -213,6 +248,8 @@ class Engine:
             timer.cancel()
         self.residency.close()
         self.executor.close()
+        if self.fleet is not None:
+            self.fleet.close()
 
     # --- admission ------------------------------------------------------------------------------------------------
 
@@ -271,6 +308,69 @@ class Engine:
 
         for i, (body, ticket) in enumerate(zip(bodies, tickets)):
             threading.Thread(target=run, args=(i, body, ticket), name=f"{kind}-{ticket.number}", daemon=True).start()
+        return job
+
+    def _start_in_fleet(self, job: Job, request: Request, on_progress: ProgressCallback, kind: Kind = Kind.GENERATE,
+                        bodies: list[Callable[[], object]] | None = None,
+                        combine: Callable[[list], object] | None = None) -> Job:
+        """Admit a request into the fleet's line — refused with QueueFull once the fleet's replicas are all taken and
+        ACCELDEMO_QUEUE_SIZE images wait — then run each image on the fleet in a thread of its own, count once."""
+        fleet = self.fleet
+        assert fleet is not None
+        if request.devices is not None:
+            self.stats.count(kind, Outcome.INVALID)
+            raise InvalidRequest("device", str(request.devices), "none: on a Ray fleet, Ray Serve places the replicas")
+        if bodies is None:
+            bodies = [lambda member=member: fleet.run(member, on_progress, job.cancelled)
+                      for member in request.members()]
+            combine = lambda parts: GenerateResult.of_images(request, parts)  # noqa: E731
+        capacity = fleet.capacity(request.hardware)
+        with self._fleet_lock:
+            in_flight = self._in_fleet.get(request.hardware, 0)
+            if in_flight + len(bodies) > capacity + self.settings.queue_size:
+                waiting = max(0, in_flight - capacity)
+                self.stats.count(kind, Outcome.REFUSED)
+                latency = self._fleet_latency.get((request.model, request.shape)) or 1.0
+                raise QueueFull(waiting, self.settings.queue_size, waiting,
+                                max(1, math.ceil((waiting + 1) * latency / max(capacity, 1))))
+            self._in_fleet[request.hardware] = in_flight + len(bodies)
+        results: list = [None] * len(bodies)
+        failures: list[BaseException] = []
+        left = [len(bodies)]
+        lock = threading.Lock()
+
+        def run(i: int, body: Callable[[], object]) -> None:
+            try:
+                results[i] = part = body()
+                if isinstance(part, GenerateResult):
+                    self.stats.observe(part)
+                    with self._fleet_lock:
+                        self._fleet_latency[(part.request.model, part.request.shape)] = \
+                            part.seconds - part.queue_wait - part.load_seconds
+            except BaseException as error:
+                if not isinstance(error, AcceldemoError):
+                    log.exception("%s failed on the fleet", kind)
+                    error = GenerationFailed(f"internal error: {describe_error(error)}")
+                with lock:
+                    failures.append(error)
+                job.cancel()
+            finally:
+                with self._fleet_lock:
+                    self._in_fleet[request.hardware] -= 1
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    if failures:
+                        error = next((f for f in failures if not isinstance(f, Cancelled)), failures[0])
+                        self.stats.count(kind, outcome_of(error))
+                        job.future.set_exception(error)
+                    else:
+                        self.stats.count(kind, Outcome.OK)
+                        job.future.set_result(combine(results))
+
+        for i, body in enumerate(bodies):
+            threading.Thread(target=run, args=(i, body), name=f"{kind}-fleet-{i}", daemon=True).start()
         return job
 
     def _retry_after(self, request: Request, ahead: int, candidates: list[DeviceSet]) -> int:
@@ -338,7 +438,8 @@ class Engine:
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
             compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
-            unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt))
+            unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
+            node=self.node)
         self.stats.observe(result)
         if cancelled():
             raise Cancelled(f"stopped at {request.shape} after {len(out.step_seconds) + 1} of {request.steps} "
@@ -349,6 +450,9 @@ class Engine:
 
     def queue_depth(self) -> int:
         """Requests waiting in line (running ones not counted), from every front end."""
+        if self.fleet is not None:
+            with self._fleet_lock:
+                return sum(max(0, n - self.fleet.capacity(hw)) for hw, n in self._in_fleet.items())
         return len(self.line.waiting())
 
     def offer(self, model: object, hardware: object, placement: Placement | None = None) -> Offer:
@@ -406,7 +510,9 @@ class Engine:
             replicas.append(ReplicaView(
                 devices_set, state, shown, sum(bool(t.devices & mine) for t in waiting),
                 tuple(self.ledger.ready_on(devices_set)), replica.served, replica.last_latency, replica.restarts,
-                tuple(str(k) for k in resident_keys if k.devices == devices_set)))
+                tuple(str(k) for k in resident_keys if k.devices == devices_set), self.node))
+        if self.fleet is not None:
+            replicas = list(self.fleet.replicas())
         pipelines = tuple(PipelineView(v.key, v.resident, v.busy, v.load_seconds, self.ledger.shapes(v.key))
                           for v in residents)
         return Snapshot(self.startup, len(waiting), self.settings.queue_size, self.stats.snapshot(), tuple(devices),

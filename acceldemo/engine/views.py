@@ -83,6 +83,8 @@ class ReplicaView:
     last_latency: float | None
     restarts: int
     pipelines: tuple[str, ...]
+    # The host it runs on (on a Ray cluster: host name/Ray node id).
+    node: str = ""
 
 
 @dataclass(frozen=True)

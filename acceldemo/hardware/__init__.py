@@ -85,11 +85,12 @@ def offered_by(mode: Mode) -> list[str]:
 
 class HardwareRegistry:
     """One adapter of every known hardware, each answering under the same settings; probes run once, when first
-    asked, and their answers are kept."""
+    asked, and their answers are kept. `found`: each hardware's availability as another place knows it (a Ray
+    cluster's resources, see `Hardware.in_cluster`), instead of this host's probes."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, found: dict[str, Availability] | None = None):
         self.settings = settings
-        self._adapters = {name: adapter(settings) for name, adapter in ADAPTERS.items()}
+        self._adapters = {name: adapter(settings, (found or {}).get(name)) for name, adapter in ADAPTERS.items()}
         self._best: str | None = None
         self._lock = threading.Lock()
 

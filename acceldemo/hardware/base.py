@@ -81,10 +81,14 @@ class Hardware:
     # The variable that limits which devices a process sees (its value lists device indices); None where a
     # process is pinned otherwise.
     visible_devices_env: ClassVar[str | None] = None
+    # The Ray resource that counts this hardware's devices on a cluster's nodes (Ray's own names: GPU for CUDA,
+    # neuron_cores for Trainium, TPU for TPU hosts); None for the CPU, whose devices are CPU cores.
+    ray_resource: ClassVar[str | None] = None
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, found: Availability | None = None) -> None:
         self.settings = settings
-        self._detected: Availability | None = None
+        # `found`: what another place (a cluster's resources) says of this hardware, instead of probing this host.
+        self._detected: Availability | None = found
         self._lock = threading.Lock()
 
     @classmethod
@@ -219,6 +223,28 @@ class Hardware:
         import torch
 
         return f"torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}"
+
+    def ray_actor_options(self, devices: int, cpus: float = 1.0) -> dict:
+        """What one replica of `devices` devices asks Ray for: the devices as Ray names them, and `cpus` CPU cores
+        (for the CPU itself, the cores are the device)."""
+        if self.ray_resource is None:
+            return {"num_cpus": cpus * devices}
+        if self.ray_resource == "GPU":
+            return {"num_cpus": cpus, "num_gpus": devices}
+        return {"num_cpus": cpus, "resources": {self.ray_resource: devices}}
+
+    def in_cluster(self, resources: dict[str, float], cpus: float = 1.0) -> Availability:
+        """This hardware on a Ray cluster whose total resources are `resources`: how many replica devices it has."""
+        count = int(resources.get(self.ray_resource or "CPU", 0) // (1 if self.ray_resource else cpus))
+        if count < 1:
+            return Availability(False, f"no node of the Ray cluster has {self.ray_resource or 'CPU'} resources")
+        return self._with_memory_override(Availability(
+            True, f"{count} {self.ray_resource or 'CPU replica'} device(s) on the Ray cluster", count,
+            self.default_memory_bytes or self._host_memory()))
+
+    @staticmethod
+    def _host_memory() -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     def empty_cache(self) -> None:
         """Give freed device memory back after an eviction."""

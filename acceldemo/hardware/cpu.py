@@ -20,15 +20,15 @@ class CpuHardware(Hardware):
     def compile_backend(self) -> str:  # type: ignore[override]
         return self.settings.cpu_compile_backend
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: Settings, found: Availability | None = None) -> None:
+        super().__init__(settings, found)
         # The cores this process may use when it first looked: a worker pinned to some of them later still splits
         # the CPU into the same devices as the app that started it.
         self._cores = _usable_cores()
 
     def detect(self) -> Availability:
         # Cheap: no child process.
-        return self._with_memory_override(self._precheck())
+        return self._detected or self._with_memory_override(self._precheck())
 
     def _precheck(self) -> Availability:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -49,6 +49,8 @@ class CpuHardware(Hardware):
         return groups
 
     def devices(self) -> tuple[Device, ...]:
+        if self._detected is not None:  # a cluster's: its devices are its replicas, wherever they are
+            return super().devices()
         memory = self.detect().memory_bytes  # shared by every device: what one pipeline may use at most
         return tuple(Device(self.name, i, memory, f"cores {_spans(cores)}") for i, cores in enumerate(self._groups()))
 

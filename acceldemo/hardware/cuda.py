@@ -7,6 +7,7 @@ from .base import Hardware, probe_script
 
 class CudaHardware(Hardware):
     name = "cuda"
+    ray_resource = "GPU"
     device = "cuda"
     preference = 1
     compile_backend = "inductor"

@@ -10,6 +10,7 @@ from .base import Availability, GiB, Hardware, probe_script
 
 class NeuronHardware(Hardware):
     name = "neuron"
+    ray_resource = "neuron_cores"
     device = "neuron"
     preference = 3
     compile_backend = "neuron"

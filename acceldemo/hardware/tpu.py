@@ -30,6 +30,7 @@ _LAUNCH_ENV_MARK = "ACCELDEMO-TPU-LAUNCH-ENV "
 
 class TpuHardware(Hardware):
     name = "tpu"
+    ray_resource = "TPU"
     device = "tpu"
     preference = 2
     eager_modes = (Mode.EAGER, Mode.EAGER_FUSED)

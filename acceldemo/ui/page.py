@@ -23,7 +23,7 @@ log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
-REPLICA_COLUMNS = ["replica", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
+REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
 NOTHING_TO_STOP = "Nothing to stop: no job of this page is running."
 # ColorBrewer hue pairs, one per mode in the hardware registry's order (cycled if there are more modes): the middle
@@ -110,7 +110,7 @@ def replica_rows(snapshot: Snapshot) -> pd.DataFrame:
     rows = []
     for r in snapshot.replicas:
         held = [devices.get((r.devices.hardware, i)) for i in r.devices.indices]
-        rows.append([str(r.devices), r.shown, r.waiting, " ".join(map(str, r.shapes)), r.served,
+        rows.append([str(r.devices), r.node, r.shown, r.waiting, " ".join(map(str, r.shapes)), r.served,
                      None if r.last_latency is None else round(r.last_latency, 3), r.restarts,
                      "; ".join(f"{d} {d.memory_bytes / 1e9:.1f} GB {d.detail}".strip() for d in held if d)])
     return pd.DataFrame(rows, columns=REPLICA_COLUMNS)

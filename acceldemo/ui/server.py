@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
     parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
                                            "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
+    parser.add_argument("--ray", default=settings.ray_address, metavar="ADDRESS",
+                        help="run the pipeline replicas on a Ray cluster as a Ray Serve deployment: its address, or "
+                             "auto for the one `ray start` began here (env ACCELDEMO_RAY_ADDRESS; needs "
+                             "requirements-fleet.txt; autoscaling: ACCELDEMO_RAY_AUTOSCALING)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         auth = parse_auth(args.auth)
         if args.replicas:
             settings = dataclasses.replace(settings, replicas=config.per_hardware("--replicas", args.replicas))
+        settings = dataclasses.replace(settings, ray_address=args.ray or None)
     except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
     open_doors = [door for door, guard in (("the page (no --auth)", auth),
@@ -139,6 +144,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and open_doors:
         log.warning("serving on %s: anyone who reaches this address can use %s", args.host, " and ".join(open_doors))
     prepare_process(settings)
-    app = create_app(build_engine(settings), warmup, args.model, auth, settings.api_token)
+    if settings.ray_address:
+        try:
+            from ..fleet import fleet_engine
+        except ImportError as error:
+            parser.error(f"--ray needs Ray Serve: pip install -r requirements-fleet.txt ({error})")
+        engine = fleet_engine(settings)
+    else:
+        engine = build_engine(settings)
+    app = create_app(engine, warmup, args.model, auth, settings.api_token)
     log.info("serving on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)

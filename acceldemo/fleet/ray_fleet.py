@@ -1,0 +1,182 @@
+"""The fleet on Ray Serve: the app joins a Ray cluster, deploys the pipeline replicas there (one per device set Ray
+can place, on any node; or as Serve autoscales them), and runs each image on one of them through a deployment handle.
+The app's engine keeps the front door: typed requests, the line's limit (Serve's max_queued_requests agrees with it),
+the counters and the views."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..builder import build_engine
+from ..config import Settings
+from ..engine import CompiledShape, Engine, ReplicaView
+from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull, ReplicaLost
+from ..hardware import ADAPTERS, Availability, HardwareRegistry
+from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request, Shape
+
+log = logging.getLogger("acceldemo.fleet")
+APP = "acceldemo"
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def fleet_engine(settings: Settings) -> Engine:
+    """An engine whose requests run on the Ray cluster at `settings.ray_address`: the hardware it offers is the
+    cluster's, not this host's."""
+    fleet = RayFleet(settings)
+    return build_engine(settings, HardwareRegistry(settings, fleet.found), node=fleet.node, fleet=fleet)
+
+
+class RayFleet:
+    """Pipeline replicas as one Ray Serve deployment (`pipelines-<hardware>`) for the best hardware of the cluster.
+
+    Routing: Serve's model multiplexing with `ShapeRouter` (a free replica holding the pipeline at the request's
+    shape first, else the least loaded). Placement: each replica asks Ray for one device set (`num_gpus`,
+    `neuron_cores`, `TPU`, or CPU cores). Back-pressure: one image at a time per replica (max_ongoing_requests=1),
+    at most replicas + ACCELDEMO_QUEUE_SIZE images queued at this handle; the engine refuses beyond the same limit.
+    """
+
+    def __init__(self, settings: Settings, cpus_per_replica: float = 1.0):
+        import ray
+        from ray import serve
+        from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+        from .replica import PipelineReplica
+        from .routing import ShapeRouter
+
+        self.settings = settings
+        address = settings.ray_address or "auto"
+        ray.init(address=address, namespace=APP, log_to_driver=False, ignore_reinit_error=True,
+                 runtime_env={"py_modules": [str(PACKAGE)], "excludes": ["__pycache__"]})
+        # Anything of this process that looks for Ray later (Serve's own helpers) finds this cluster, never starts a
+        # local one of its own.
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        self.node = f"{os.uname().nodename}/{ray.get_runtime_context().get_node_id()[:12]} (ingress)"
+        resources = ray.cluster_resources()
+        self.found: dict[str, Availability] = {
+            name: adapter(settings).in_cluster(resources, cpus_per_replica) for name, adapter in ADAPTERS.items()}
+        usable = [name for name, found in self.found.items() if found.available]
+        if not usable:
+            raise HardwareUnavailable("ray", f"the Ray cluster at {address} offers no devices: {resources}")
+        self.hardware = max(usable, key=lambda name: ADAPTERS[name].preference)
+        for name in usable:  # one hardware is served: the others are named as such, not offered
+            if name != self.hardware:
+                self.found[name] = Availability(False, f"the fleet serves {self.hardware}")
+        adapter = ADAPTERS[self.hardware](settings)
+        autoscaling = dict(settings.ray_autoscaling)
+        replicas = settings.replicas_of(self.hardware) or self.found[self.hardware].device_count
+        self._capacity = int(autoscaling.get("max_replicas", replicas)) if autoscaling else replicas
+        self.deployment = f"pipelines-{self.hardware}"
+        serve.start(http_options={"location": "NoServer"})
+        options = dict(
+            name=self.deployment, max_ongoing_requests=1,
+            max_queued_requests=settings.queue_size + self._capacity,
+            ray_actor_options=adapter.ray_actor_options(1, cpus_per_replica),
+            request_router_config=RequestRouterConfig(request_router_class=ShapeRouter,
+                                                      request_router_kwargs={"deployment": self.deployment},
+                                                      request_routing_stats_period_s=1.0),
+            health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0)
+        if autoscaling:
+            options["autoscaling_config"] = AutoscalingConfig(**autoscaling)
+        else:
+            options["num_replicas"] = replicas
+        deployment = serve.deployment(PipelineReplica).options(**options)
+        settings_json = dataclasses.replace(settings, ray_address=None).to_json()
+        self.handle = serve.run(deployment.bind(settings_json, self.hardware), name=APP, route_prefix=None,
+                                blocking=False)
+        self._views: tuple[float, list[ReplicaView]] = (0.0, [])
+        self._lock = threading.Lock()
+        log.info("fleet: %s on the Ray cluster at %s, %s", self.deployment, address,
+                 f"autoscaling {autoscaling}" if autoscaling else f"{replicas} replica(s)")
+
+    def capacity(self, hardware: str) -> int:
+        return self._capacity if hardware == self.hardware else 0
+
+    def run(self, request: Request, on_progress: ProgressCallback, cancelled: Callable[[], bool]) -> GenerateResult:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+        from ray.serve.exceptions import BackPressureError, RequestCancelledError
+
+        from .replica import Failed, Served, Started, routing_key
+
+        handle = self.handle.options(stream=True, multiplexed_model_id=routing_key(request))
+        lost = None
+        for attempt in (1, 2):
+            response = handle.generate.remote(request)
+            done = threading.Event()
+            watcher = threading.Thread(target=_cancel_when, args=(cancelled, done, response), daemon=True)
+            watcher.start()
+            try:
+                for item in response:
+                    if isinstance(item, Started):
+                        on_progress(Progress(Phase.QUEUE, f"running on replica {item.replica} of {item.node}", 0))
+                    elif isinstance(item, Progress):
+                        on_progress(item)
+                    elif isinstance(item, Served):
+                        return item.result
+                    elif isinstance(item, Failed):
+                        raise item.error
+                raise GenerationFailed("the replica ended its answer without an image")
+            except BackPressureError:
+                raise QueueFull(self.settings.queue_size, self.settings.queue_size) from None
+            except RequestCancelledError:
+                raise Cancelled("stopped: the request was cancelled on its replica") from None
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as error:
+                if cancelled():
+                    raise Cancelled("stopped: the request was cancelled") from None
+                lost = error
+                log.warning("a replica was lost with %s at %s (attempt %d): %s", request.model, request.shape,
+                            attempt, type(error).__name__)
+                on_progress(Progress(Phase.QUEUE, "its replica was lost: running it again on another", 0))
+            finally:
+                done.set()
+        raise ReplicaLost(self.deployment, f"two replicas were lost while drawing this image: {lost}")
+
+    def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
+        return self.handle.warm_up.remote(request, shapes).result()
+
+    def replicas(self) -> list[ReplicaView]:
+        """Every replica the routers of this process know, with what each last reported (node, served, latency)."""
+        with self._lock:
+            seen, views = self._views
+            if time.monotonic() - seen < 1.0:
+                return views
+        from .routing import known_replicas
+
+        views = []
+        for index, (replica_id, replica) in enumerate(sorted(known_replicas(self.deployment).items())):
+            stats = replica.routing_stats or {}
+            shapes = sorted({shape for key in replica.multiplexed_model_ids
+                             if (shape := Shape.parse(key.rpartition("|")[2])) is not None})
+            busy = stats.get("busy") or ""
+            views.append(ReplicaView(
+                DeviceSet(self.hardware, (index,)), ReplicaState.BUSY if busy else ReplicaState.IDLE,
+                f"busy: {busy}" if busy else "idle", 0, tuple(shapes), int(stats.get("served", 0)),
+                stats.get("last_latency"), 0, (f"replica {replica_id}",),
+                stats.get("node") or f"node {str(replica.node_id)[:12]}"))
+        with self._lock:
+            self._views = (time.monotonic(), views)
+        return views
+
+    def close(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        try:
+            serve.delete(APP)
+        except Exception as error:  # the cluster may already be gone; closing must still end
+            log.warning("could not delete the Serve app: %s", error)
+        ray.shutdown()
+
+
+def _cancel_when(cancelled: Callable[[], bool], done: threading.Event, response) -> None:
+    """Cancel a replica's answer once the request is cancelled (the replica stops at its next denoise step)."""
+    while not done.wait(0.2):
+        if cancelled():
+            response.cancel()
+            return

@@ -1,0 +1,138 @@
+"""One pipeline replica of the fleet: a Ray Serve replica holding an engine of its own over the devices Ray gave it
+(one device set), answering one image at a time as a stream — where it runs, its progress, then its result."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import pickle
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from ray import serve
+
+from ..builder import build_engine
+from ..config import Settings
+from ..engine import CompiledShape
+from ..errors import AcceldemoError, GenerationFailed
+from ..hardware import prepare_process
+from ..records import GenerateResult, Progress, Request
+
+
+def routing_key(request: Request) -> str:
+    """What a replica holds that makes it the best place for a request: its pipeline compiled at its shape (Serve's
+    multiplexed model id)."""
+    return f"{request.model}|{request.hardware}|{request.mode}|{request.placement}|tp{request.tp_size}|{request.shape}"
+
+
+@dataclass(frozen=True)
+class Started:
+    """The first item of a replica's answer: which replica of which node took the image."""
+
+    node: str
+    replica: str
+
+
+@dataclass(frozen=True)
+class Served:
+    """The last item: the image's result, as the replica's engine made it."""
+
+    result: GenerateResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The last item instead of Served: the engine's typed error (a Ray error wrapper would lose its type)."""
+
+    error: AcceldemoError
+
+
+def _portable(error: AcceldemoError) -> AcceldemoError:
+    """The error itself where it survives pickling with its type and words, else its words as GenerationFailed."""
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+        if type(copy) is type(error) and str(copy) == str(error):
+            return error
+    except Exception:  # an error type whose constructor takes other arguments than its message
+        pass
+    return GenerationFailed(str(error))
+
+
+class PipelineReplica:
+    """A Serve replica: an engine over this actor's devices (one device set: Ray pins the process to the devices it
+    asked for, the CPU cores through OMP_NUM_THREADS), its own line of one. It tells the router which pipelines and
+    shapes it holds (`hold`, multiplexed) and what it has done (`record_routing_stats`)."""
+
+    def __init__(self, settings_json: str, hardware: str):
+        settings = Settings.from_json(settings_json)
+        # This replica is one device of its hardware, whatever the app's host had.
+        settings = dataclasses.replace(settings, replicas={hardware: 1}, cpu_devices=1, ray_address=None)
+        prepare_process(settings)
+        import ray
+
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
+        self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+        self.engine = build_engine(settings, node=self.node)
+        self.hardware = hardware
+        self.served = 0
+        self.last_latency: float | None = None
+        self.busy = ""
+
+    @serve.multiplexed(max_num_models_per_replica=64)
+    async def hold(self, key: str) -> str:
+        # The engine loads and compiles on the first request itself; holding a key only tells Serve's router so.
+        return key
+
+    def record_routing_stats(self) -> dict:
+        return {"node": self.node, "hardware": self.hardware, "served": self.served,
+                "last_latency": self.last_latency, "busy": self.busy, "pid": os.getpid()}
+
+    async def generate(self, request: Request):
+        """Started, then every progress event, then Served (or the engine's typed error, raised)."""
+        await self.hold(serve.get_multiplexed_model_id())
+        yield Started(self.node, self.replica)
+        events: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        self.busy = f"{request.shape} · {request.model}"
+        try:
+            job = self.engine.submit(request, events.put, stop.is_set)
+            while not job.future.done() or not events.empty():
+                try:
+                    yield await asyncio.to_thread(events.get, timeout=0.1)
+                except queue.Empty:
+                    continue
+            result = job.result()
+        except AcceldemoError as error:
+            yield Failed(_portable(error))
+            return
+        except BaseException:
+            stop.set()  # the caller went away (cancelled): stop at the next denoise step
+            raise
+        finally:
+            self.busy = ""
+        self.served += 1
+        self.last_latency = result.seconds - result.queue_wait
+        yield Served(result)
+
+    async def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
+        started = time.perf_counter()
+        records = await asyncio.to_thread(self.engine.warm_up, _params_of(request), [r.shape for r in shapes])
+        self.last_latency = self.last_latency or time.perf_counter() - started
+        return records
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def _params_of(request: Request):
+    from ..records import GenerateParams
+
+    return GenerateParams(prompt=request.prompt, model=request.model, hardware=request.hardware, mode=request.mode,
+                          placement=request.placement, tp_size=request.tp_size, resolution=request.shape,
+                          steps=request.steps, guidance=request.guidance, seed=request.seed)
