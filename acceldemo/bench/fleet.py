@@ -32,8 +32,7 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 def in_private_network() -> bool:
     """Whether this process's network namespace has only the loopback interface (and it is up)."""
-    names = set(os.listdir("/sys/class/net"))
-    return names == {"lo"}
+    return {name for _, name in socket.if_nameindex()} == {"lo"}
 
 
 def private_network_refusal() -> str | None:

@@ -515,7 +515,8 @@ class Engine:
             replicas = list(self.fleet.replicas())
         pipelines = tuple(PipelineView(v.key, v.resident, v.busy, v.load_seconds, self.ledger.shapes(v.key))
                           for v in residents)
-        return Snapshot(self.startup, len(waiting), self.settings.queue_size, self.stats.snapshot(), tuple(devices),
+        depth = self.queue_depth() if self.fleet is not None else len(waiting)
+        return Snapshot(self.startup, depth, self.settings.queue_size, self.stats.snapshot(), tuple(devices),
                         tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile))
 
 

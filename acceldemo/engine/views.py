@@ -85,6 +85,8 @@ class ReplicaView:
     pipelines: tuple[str, ...]
     # The host it runs on (on a Ray cluster: host name/Ray node id).
     node: str = ""
+    # Its name where a serving system names it (a Ray Serve replica id); empty on a single host.
+    replica: str = ""
 
 
 @dataclass(frozen=True)

@@ -144,19 +144,19 @@ class RayFleet:
             seen, views = self._views
             if time.monotonic() - seen < 1.0:
                 return views
-        from .routing import known_replicas
+        from .seen import known_replicas
 
         views = []
         for index, (replica_id, replica) in enumerate(sorted(known_replicas(self.deployment).items())):
             stats = replica.routing_stats or {}
-            shapes = sorted({shape for key in replica.multiplexed_model_ids
-                             if (shape := Shape.parse(key.rpartition("|")[2])) is not None})
+            held = [key.split("|") for key in replica.multiplexed_model_ids]
+            shapes = sorted({shape for key in held if (shape := Shape.parse(key[-1])) is not None})
             busy = stats.get("busy") or ""
             views.append(ReplicaView(
                 DeviceSet(self.hardware, (index,)), ReplicaState.BUSY if busy else ReplicaState.IDLE,
                 f"busy: {busy}" if busy else "idle", 0, tuple(shapes), int(stats.get("served", 0)),
-                stats.get("last_latency"), 0, (f"replica {replica_id}",),
-                stats.get("node") or f"node {str(replica.node_id)[:12]}"))
+                stats.get("last_latency"), 0, tuple(sorted({key[0] for key in held})),
+                stats.get("node") or f"node {str(replica.node_id)[:12]}", replica_id))
         with self._lock:
             self._views = (time.monotonic(), views)
         return views

@@ -3,9 +3,10 @@ compiled at its shape (Serve's multiplexed model id, see `routing_key`), else to
 single-host line's policy, with Serve's own mixins; no router of our own in front of Ray."""
 from __future__ import annotations
 
-import weakref
-
 from ray.serve.request_router import FIFOMixin, MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
+
+from . import seen
+
 
 class ShapeRouter(FIFOMixin, MultiplexMixin, RequestRouter):
     """Rank 0: replicas holding the request's pipeline and shape; rank 1: the others, fewest held first. Serve probes
@@ -13,30 +14,23 @@ class ShapeRouter(FIFOMixin, MultiplexMixin, RequestRouter):
     rank; when none is free the request waits in FIFO order in Serve's queue (max_queued_requests)."""
 
     deployment = ""
-    # The routers of this process (one per deployment handle): what they last heard of each replica is the replicas
-    # view. Kept on the class: Serve hands the router class over serialized, its functions' module globals are a copy.
-    # (By id: a router is not hashable.)
-    instances: "weakref.WeakValueDictionary[int, ShapeRouter]" = weakref.WeakValueDictionary()
 
     def initialize_state(self, deployment: str = "", **kwargs) -> None:
         # Called by Serve with the deployment's request_router_kwargs.
         self.deployment = deployment
-        type(self).instances[id(self)] = self
+        seen.ROUTERS[id(self)] = self  # what it hears of the replicas is the app's replicas view
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        key = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
+        if pending_request is None:
+            return [candidate_replicas]
+        # Every replica is offered each round: when none took the request, Serve waits (backs off, up to 0.5 s)
+        # before the next round, rather than probing busy replicas in a tight loop.
+        pending_request.routing_context.should_backoff = True
+        key = pending_request.metadata.multiplexed_model_id
         if not key:
             return [candidate_replicas]
         holding, fewest, rest = self.rank_replicas_via_multiplex(candidate_replicas, key)
         others = sorted(fewest + rest, key=lambda replica: len(replica.multiplexed_model_ids))
         return [rank for rank in (holding, others) if rank]
 
-
-def known_replicas(deployment: str) -> dict[str, RunningReplica]:
-    """The replicas of a deployment this process's routers know, by replica id."""
-    found = {}
-    for router in list(ShapeRouter.instances.values()):
-        if router.deployment == deployment:
-            found.update({replica_id.unique_id: replica for replica_id, replica in router.curr_replicas.items()})
-    return found

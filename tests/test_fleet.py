@@ -1,0 +1,165 @@
+"""The engine in front of a fleet (replicas on other hosts): admission, counting, refusals — with a fleet whose
+replicas are engines of this process, at the `Fleet` seam — and the real thing: app.py on a two-node Ray cluster
+(`tests/fleet_cluster.py`, run here in a private network namespace)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from acceldemo.bench.fleet import in_private_network_command, private_network_refusal
+from acceldemo.builder import build_engine
+from acceldemo.config import Settings
+from acceldemo.engine import ReplicaView
+from acceldemo.errors import InvalidRequest, QueueFull, ReplicaLost
+from acceldemo.engine.stats import Outcome
+from acceldemo.records import GenerateParams, Phase, Progress
+from tests.engines import new_manager
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class EnginesFleet:
+    """A fleet of `size` replicas that are engines of this process: each image is drawn by one of them, tagged with
+    its node; `hold` keeps every run at its first denoise step until released; `lose` makes the next run fail as a
+    lost replica does."""
+
+    def __init__(self, size: int = 1):
+        self.engines = [new_manager() for _ in range(size)]
+        self.free = list(range(size))
+        self.lock = threading.Condition()
+        self.hold = threading.Event()
+        self.hold.set()
+        self.started = threading.Semaphore(0)
+        self.lose = False
+        self.runs = 0
+
+    def capacity(self, hardware: str) -> int:
+        return len(self.engines) if hardware == "cpu" else 0
+
+    def run(self, request, on_progress, cancelled):
+        if self.lose:
+            raise ReplicaLost("pipelines-cpu", "its actor died twice")
+        with self.lock:
+            while not self.free:
+                self.lock.wait()
+            index = self.free.pop()
+            self.runs += 1
+        try:
+            def progress(value: Progress) -> None:
+                if value.phase is Phase.DENOISE and value.step == 1:
+                    self.started.release()
+                    self.hold.wait(60)
+                on_progress(value)
+
+            result = self.engines[index].generate(request, progress, cancelled)
+            return dataclasses.replace(result, node=f"host{index}/node{index}")
+        finally:
+            with self.lock:
+                self.free.append(index)
+                self.lock.notify()
+
+    def warm_up(self, request, shapes):
+        return self.engines[0].warm_up(request, [shape.shape for shape in shapes])
+
+    def replicas(self) -> list[ReplicaView]:
+        return [view for i, engine in enumerate(self.engines)
+                for view in (dataclasses.replace(v, node=f"host{i}/node{i}") for v in engine.snapshot().replicas)]
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+
+
+@pytest.fixture
+def fleet_engine():
+    made = []
+
+    def make(size: int = 1, queue_size: int = 1):
+        fleet = EnginesFleet(size)
+        engine = build_engine(dataclasses.replace(Settings.from_env(), queue_size=queue_size), fleet=fleet,
+                              node="ingress")
+        made.append(engine)
+        return engine, fleet
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def _params(**fields) -> GenerateParams:
+    return GenerateParams(**{"prompt": "a red circle", "resolution": "64x64", "steps": 2, "mode": "eager",
+                             "hardware": "cpu", "seed": 1, **fields})
+
+
+def test_images_run_on_the_fleet_with_their_node_and_are_counted_once(fleet_engine):
+    engine, fleet = fleet_engine(size=2)
+    result = engine.generate(_params(num_images=2))
+    assert len(result.images) == 2 and all(image.size == (64, 64) for image in result.images)
+    assert {facts["node"] for facts in (result.facts(0), result.facts(1))} <= {"host0/node0", "host1/node1"}
+    assert fleet.runs == 2
+    assert engine.snapshot().counters.requests[Outcome.OK] == 1
+    assert {view.node for view in engine.snapshot().replicas} == {"host0/node0", "host1/node1"}
+
+
+def test_a_full_fleet_line_is_refused_with_a_retry_after(fleet_engine):
+    engine, fleet = fleet_engine(size=1, queue_size=1)
+    fleet.hold.clear()
+    running = engine.submit(engine.check(_params()))
+    assert fleet.started.acquire(timeout=60)
+    waiting = engine.submit(engine.check(_params(seed=2)))  # the line's one place
+    with pytest.raises(QueueFull) as refused:
+        engine.submit(engine.check(_params(seed=3)))
+    assert refused.value.retry_after_s >= 1 and "ACCELDEMO_QUEUE_SIZE=1" in str(refused.value)
+    assert engine.snapshot().queue_depth == 1
+    fleet.hold.set()
+    assert running.result(60).images[0].size == (64, 64) and waiting.result(60).images[0].size == (64, 64)
+    counts = engine.snapshot().counters.requests
+    assert counts[Outcome.OK] == 2 and counts[Outcome.REFUSED] == 1
+    assert engine.snapshot().queue_depth == 0
+
+
+def test_a_request_pinned_to_a_device_is_refused_on_a_fleet(fleet_engine):
+    engine, _ = fleet_engine()
+    with pytest.raises(InvalidRequest) as refused:
+        engine.submit(engine.check(_params(device="cpu:0")))
+    assert "device" in str(refused.value) and "Ray Serve places the replicas" in str(refused.value)
+
+
+def test_a_lost_replica_fails_the_request_by_name(fleet_engine):
+    engine, fleet = fleet_engine()
+    fleet.lose = True
+    with pytest.raises(ReplicaLost):
+        engine.generate(_params())
+    assert engine.snapshot().counters.requests[Outcome.OK] == 0
+    fleet.lose = False
+    assert engine.generate(_params()).images[0].size == (64, 64)  # the engine serves on
+
+
+def test_ray_autoscaling_setting_is_checked():
+    with pytest.raises(ValueError, match="ACCELDEMO_RAY_AUTOSCALING"):
+        Settings.from_env({**os.environ, "ACCELDEMO_RAY_AUTOSCALING": "[1, 2]"})
+    settings = Settings.from_env({**os.environ, "ACCELDEMO_RAY_AUTOSCALING": '{"min_replicas": 0, "max_replicas": 2}',
+                                  "ACCELDEMO_RAY_ADDRESS": "auto"})
+    assert settings.ray_autoscaling == {"min_replicas": 0, "max_replicas": 2} and settings.ray_address == "auto"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_app_on_a_two_node_ray_cluster():
+    """tests/fleet_cluster.py in a private network namespace: requests spread over both nodes, a killed replica's
+    request served elsewhere and the replica replaced, a full line answered 429, scale to zero and back."""
+    refusal = private_network_refusal()
+    assert refusal is None, refusal
+    done = subprocess.run(in_private_network_command(
+        [sys.executable, "-m", "pytest", "tests/fleet_cluster.py", "-v", "-p", "no:cacheprovider", "-x",
+         "-o", "addopts="]), cwd=ROOT, capture_output=True, text=True, timeout=1400,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    tail = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, tail
+    assert "4 passed" in done.stdout, tail
