@@ -163,3 +163,12 @@ def test_app_on_a_two_node_ray_cluster():
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
     assert "4 passed" in done.stdout, tail
+
+
+@pytest.mark.slow
+def test_the_app_without_a_ray_cluster_says_so_and_exits():
+    done = subprocess.run(in_private_network_command(
+        [sys.executable, "app.py", "--ray", "auto", "--port", "1"]), cwd=ROOT, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--ray auto: no Ray cluster to join (Could not find any running Ray instance" in done.stderr

@@ -50,8 +50,11 @@ class RayFleet:
 
         self.settings = settings
         address = settings.ray_address or "auto"
-        ray.init(address=address, namespace=APP, log_to_driver=False, ignore_reinit_error=True,
-                 runtime_env={"py_modules": [str(PACKAGE)], "excludes": ["__pycache__"]})
+        try:
+            ray.init(address=address, namespace=APP, log_to_driver=False, ignore_reinit_error=True,
+                     runtime_env={"py_modules": [str(PACKAGE)], "excludes": ["__pycache__"]})
+        except ConnectionError as error:
+            raise ConnectionError(f"no Ray cluster to join ({error})") from None
         # Anything of this process that looks for Ray later (Serve's own helpers) finds this cluster, never starts a
         # local one of its own.
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
@@ -81,7 +84,10 @@ class RayFleet:
                                                       request_routing_stats_period_s=1.0),
             health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0)
         if autoscaling:
-            options["autoscaling_config"] = AutoscalingConfig(**autoscaling)
+            try:
+                options["autoscaling_config"] = AutoscalingConfig(**autoscaling)
+            except (TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+                raise ValueError(f"ACCELDEMO_RAY_AUTOSCALING is not Ray Serve's autoscaling config: {error}") from None
         else:
             options["num_replicas"] = replicas
         deployment = serve.deployment(PipelineReplica).options(**options)

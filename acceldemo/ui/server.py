@@ -149,7 +149,10 @@ def main(argv: list[str] | None = None) -> None:
             from ..fleet import fleet_engine
         except ImportError as error:
             parser.error(f"--ray needs Ray Serve: pip install -r requirements-fleet.txt ({error})")
-        engine = fleet_engine(settings)
+        try:
+            engine = fleet_engine(settings)
+        except (AcceldemoError, ValueError, ConnectionError) as error:
+            parser.error(f"--ray {settings.ray_address}: {error}")
     else:
         engine = build_engine(settings)
     app = create_app(engine, warmup, args.model, auth, settings.api_token)
