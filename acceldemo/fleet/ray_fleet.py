@@ -24,10 +24,10 @@ APP = "acceldemo"
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def fleet_engine(settings: Settings) -> Engine:
-    """An engine whose requests run on the Ray cluster at `settings.ray_address`: the hardware it offers is the
-    cluster's, not this host's."""
-    fleet = RayFleet(settings)
+def fleet_engine(settings: Settings, model: str | None = None) -> Engine:
+    """An engine whose requests run on the Ray cluster at `settings.ray_address`, its replicas holding `model` (None:
+    the default) from their start: the hardware it offers is the cluster's, not this host's."""
+    fleet = RayFleet(settings, model=model)
     return build_engine(settings, HardwareRegistry(settings, fleet.found), node=fleet.node, fleet=fleet)
 
 
@@ -40,7 +40,7 @@ class RayFleet:
     at most replicas + ACCELDEMO_QUEUE_SIZE images queued at this handle; the engine refuses beyond the same limit.
     """
 
-    def __init__(self, settings: Settings, cpus_per_replica: float = 1.0):
+    def __init__(self, settings: Settings, cpus_per_replica: float = 1.0, model: str | None = None):
         import ray
         from ray import serve
         from ray.serve.config import AutoscalingConfig, RequestRouterConfig
@@ -92,7 +92,7 @@ class RayFleet:
             options["num_replicas"] = replicas
         deployment = serve.deployment(PipelineReplica).options(**options)
         settings_json = dataclasses.replace(settings, ray_address=None).to_json()
-        self.handle = serve.run(deployment.bind(settings_json, self.hardware), name=APP, route_prefix=None,
+        self.handle = serve.run(deployment.bind(settings_json, self.hardware, model), name=APP, route_prefix=None,
                                 blocking=False)
         self._views: tuple[float, list[ReplicaView]] = (0.0, [])
         self._lock = threading.Lock()

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import os
 import pickle
-import queue
 import socket
 import threading
 import time
@@ -20,6 +19,9 @@ from ..engine import CompiledShape
 from ..errors import AcceldemoError, GenerationFailed
 from ..hardware import prepare_process
 from ..records import GenerateResult, Progress, Request
+
+
+_DONE = object()  # the engine's job has its outcome
 
 
 def routing_key(request: Request) -> str:
@@ -66,7 +68,7 @@ class PipelineReplica:
     asked for, the CPU cores through OMP_NUM_THREADS), its own line of one. It tells the router which pipelines and
     shapes it holds (`hold`, multiplexed) and what it has done (`record_routing_stats`)."""
 
-    def __init__(self, settings_json: str, hardware: str):
+    def __init__(self, settings_json: str, hardware: str, model: str | None = None):
         settings = Settings.from_json(settings_json)
         # This replica is one device of its hardware, whatever the app's host had.
         settings = dataclasses.replace(settings, replicas={hardware: 1}, cpu_devices=1, ray_address=None)
@@ -78,6 +80,11 @@ class PipelineReplica:
         self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.engine = build_engine(settings, node=self.node)
         self.hardware = hardware
+        # Serve routes to a replica once it is constructed: it comes up holding the app's model (one eager step at
+        # the model's default size), so a new replica's first visitor does not wait for the model to load.
+        from ..records import GenerateParams
+
+        self.engine.warm_up(GenerateParams(prompt="warm-up", model=model, hardware=hardware, mode="eager"))
         self.served = 0
         self.last_latency: float | None = None
         self.busy = ""
@@ -95,16 +102,19 @@ class PipelineReplica:
         """Started, then every progress event, then Served (or the engine's typed error, raised)."""
         await self.hold(serve.get_multiplexed_model_id())
         yield Started(self.node, self.replica)
-        events: queue.Queue = queue.Queue()
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def put(item: object) -> None:  # from the engine's threads, in order
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
         stop = threading.Event()
         self.busy = f"{request.shape} · {request.model}"
         try:
-            job = self.engine.submit(request, events.put, stop.is_set)
-            while not job.future.done() or not events.empty():
-                try:
-                    yield await asyncio.to_thread(events.get, timeout=0.1)
-                except queue.Empty:
-                    continue
+            job = self.engine.submit(request, put, stop.is_set)
+            job.future.add_done_callback(lambda _: put(_DONE))
+            while (item := await events.get()) is not _DONE:
+                yield item
             result = job.result()
         except AcceldemoError as error:
             yield Failed(_portable(error))

@@ -88,6 +88,7 @@ class Hardware:
     def __init__(self, settings: Settings, found: Availability | None = None) -> None:
         self.settings = settings
         # `found`: what another place (a cluster's resources) says of this hardware, instead of probing this host.
+        self._found = found
         self._detected: Availability | None = found
         self._lock = threading.Lock()
 

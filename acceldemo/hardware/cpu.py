@@ -28,7 +28,7 @@ class CpuHardware(Hardware):
 
     def detect(self) -> Availability:
         # Cheap: no child process.
-        return self._detected or self._with_memory_override(self._precheck())
+        return self._found or self._with_memory_override(self._precheck())
 
     def _precheck(self) -> Availability:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -49,7 +49,7 @@ class CpuHardware(Hardware):
         return groups
 
     def devices(self) -> tuple[Device, ...]:
-        if self._detected is not None:  # a cluster's: its devices are its replicas, wherever they are
+        if self._found is not None:  # a cluster's: its devices are its replicas, wherever they are
             return super().devices()
         memory = self.detect().memory_bytes  # shared by every device: what one pipeline may use at most
         return tuple(Device(self.name, i, memory, f"cores {_spans(cores)}") for i, cores in enumerate(self._groups()))

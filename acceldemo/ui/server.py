@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError as error:
             parser.error(f"--ray needs Ray Serve: pip install -r requirements-fleet.txt ({error})")
         try:
-            engine = fleet_engine(settings)
+            engine = fleet_engine(settings, args.model)
         except (AcceldemoError, ValueError, ConnectionError) as error:
             parser.error(f"--ray {settings.ray_address}: {error}")
     else:
