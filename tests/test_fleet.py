@@ -172,3 +172,28 @@ def test_the_app_without_a_ray_cluster_says_so_and_exits():
         timeout=300, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--ray auto: no Ray cluster to join (Could not find any running Ray instance" in done.stderr
+
+
+def test_the_fleet_plan_places_a_replica_per_device_set_of_the_cluster():
+    from acceldemo.fleet.ray_fleet import plan_fleet
+
+    settings = Settings.from_env()
+    cpu = plan_fleet(settings, {"CPU": 2.0, "memory": 8e9})
+    assert (cpu.hardware, cpu.devices_per_replica, cpu.replicas, cpu.capacity) == ("cpu", 1, 2, 2)
+    assert cpu.actor_options == {"num_cpus": 1.0} and not cpu.found["cuda"].available
+    # A GPU cluster serves CUDA; the CPU is named as not served.
+    small = plan_fleet(settings, {"CPU": 32.0, "GPU": 8.0})
+    assert (small.hardware, small.devices_per_replica, small.replicas) == ("cuda", 1, 8)
+    assert small.actor_options == {"num_cpus": 1.0, "num_gpus": 1} and "serves cuda" in small.found["cpu"].reason
+    # FLUX.2-dev does not fit one 24 GB GPU: a replica is a tensor-parallel group of T GPUs on one node.
+    big = plan_fleet(dataclasses.replace(settings, device_memory_gb={"cuda": 24.0}), {"CPU": 32.0, "GPU": 8.0},
+                     "flux2-dev")
+    assert big.devices_per_replica > 1 and big.replicas == 8 // big.devices_per_replica
+    assert big.actor_options["num_gpus"] == big.devices_per_replica and "tensor parallel" in big.reason
+    neuron = plan_fleet(settings, {"CPU": 32.0, "neuron_cores": 32.0})
+    assert neuron.hardware == "neuron" and neuron.actor_options["resources"] == {"neuron_cores": 1}
+    autoscaled = plan_fleet(dataclasses.replace(settings, ray_autoscaling={"min_replicas": 0, "max_replicas": 5}),
+                            {"CPU": 2.0})
+    assert autoscaled.capacity == 5
+    with pytest.raises(Exception, match="offers no devices"):
+        plan_fleet(settings, {"memory": 1e9})

@@ -16,8 +16,11 @@ from ..builder import build_engine
 from ..config import Settings
 from ..engine import CompiledShape, Engine, ReplicaView
 from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull, ReplicaLost
+from ..engine.validation import propose_placement
 from ..hardware import ADAPTERS, Availability, HardwareRegistry
-from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request, Shape
+from ..models.catalog import get_model
+from ..records import (DeviceSet, GenerateResult, Phase, Placement, Progress, ProgressCallback, ReplicaState, Request,
+                       Shape)
 
 log = logging.getLogger("acceldemo.fleet")
 APP = "acceldemo"
@@ -29,6 +32,46 @@ def fleet_engine(settings: Settings, model: str | None = None) -> Engine:
     the default) from their start: the hardware it offers is the cluster's, not this host's."""
     fleet = RayFleet(settings, model=model)
     return build_engine(settings, HardwareRegistry(settings, fleet.found), node=fleet.node, fleet=fleet)
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetPlan:
+    """What the fleet deploys on a cluster: the hardware served (the best the cluster offers), what each replica asks
+    Ray for (one device set: T devices of one node for a tensor-parallel model), how many replicas, and at most how
+    many run at once."""
+
+    found: dict[str, Availability]
+    hardware: str
+    devices_per_replica: int
+    replicas: int
+    capacity: int
+    actor_options: dict
+    reason: str
+
+
+def plan_fleet(settings: Settings, resources: dict[str, float], model: str | None = None,
+               cpus_per_replica: float = 1.0) -> FleetPlan:
+    """The plan for a cluster whose total resources are `resources` (Ray's `cluster_resources()`), serving `model`
+    (None: the default) as the single host would place it: the placement proposal for the cluster's devices decides
+    the tensor-parallel size T; a replica then asks Ray for T devices in one actor, which Ray places on one node."""
+    found = {name: adapter(settings).in_cluster(resources, cpus_per_replica) for name, adapter in ADAPTERS.items()}
+    usable = [name for name, there in found.items() if there.available]
+    if not usable:
+        raise HardwareUnavailable("ray", f"the Ray cluster offers no devices: {resources}")
+    hardware = max(usable, key=lambda name: ADAPTERS[name].preference)
+    for name in usable:  # one hardware is served: the others are named as such, not offered
+        if name != hardware:
+            found[name] = Availability(False, f"the fleet serves {hardware}")
+    adapter = ADAPTERS[hardware](settings, found[hardware])
+    proposal = propose_placement(get_model(model or settings.default_model), found[hardware],
+                                 adapter.tensor_parallel_sizes())
+    # CPU ranks share one device (gloo): a CPU replica is one device whatever its TP size.
+    per_replica = proposal.tp_size if proposal.placement is Placement.TP and adapter.ray_resource else 1
+    replicas = settings.replicas_of(hardware) or max(1, found[hardware].device_count // per_replica)
+    autoscaling = settings.ray_autoscaling
+    capacity = int(autoscaling.get("max_replicas", replicas)) if autoscaling else replicas
+    return FleetPlan(found, hardware, per_replica, replicas, capacity,
+                     adapter.ray_actor_options(per_replica, cpus_per_replica), proposal.reason)
 
 
 class RayFleet:
@@ -60,25 +103,15 @@ class RayFleet:
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         self.node = f"{os.uname().nodename}/{ray.get_runtime_context().get_node_id()[:12]} (ingress)"
         resources = ray.cluster_resources()
-        self.found: dict[str, Availability] = {
-            name: adapter(settings).in_cluster(resources, cpus_per_replica) for name, adapter in ADAPTERS.items()}
-        usable = [name for name, found in self.found.items() if found.available]
-        if not usable:
-            raise HardwareUnavailable("ray", f"the Ray cluster at {address} offers no devices: {resources}")
-        self.hardware = max(usable, key=lambda name: ADAPTERS[name].preference)
-        for name in usable:  # one hardware is served: the others are named as such, not offered
-            if name != self.hardware:
-                self.found[name] = Availability(False, f"the fleet serves {self.hardware}")
-        adapter = ADAPTERS[self.hardware](settings)
+        plan = plan_fleet(settings, resources, model, cpus_per_replica)
+        self.found, self.hardware, replicas, self._capacity = plan.found, plan.hardware, plan.replicas, plan.capacity
         autoscaling = dict(settings.ray_autoscaling)
-        replicas = settings.replicas_of(self.hardware) or self.found[self.hardware].device_count
-        self._capacity = int(autoscaling.get("max_replicas", replicas)) if autoscaling else replicas
         self.deployment = f"pipelines-{self.hardware}"
         serve.start(http_options={"location": "NoServer"})
         options = dict(
             name=self.deployment, max_ongoing_requests=1,
             max_queued_requests=settings.queue_size + self._capacity,
-            ray_actor_options=adapter.ray_actor_options(1, cpus_per_replica),
+            ray_actor_options=plan.actor_options,
             request_router_config=RequestRouterConfig(request_router_class=ShapeRouter,
                                                       request_router_kwargs={"deployment": self.deployment},
                                                       request_routing_stats_period_s=1.0),
@@ -96,8 +129,8 @@ class RayFleet:
                                 blocking=False)
         self._views: tuple[float, list[ReplicaView]] = (0.0, [])
         self._lock = threading.Lock()
-        log.info("fleet: %s on the Ray cluster at %s, %s", self.deployment, address,
-                 f"autoscaling {autoscaling}" if autoscaling else f"{replicas} replica(s)")
+        log.info("fleet: %s on the Ray cluster at %s, %s; %s", self.deployment, address,
+                 f"autoscaling {autoscaling}" if autoscaling else f"{replicas} replica(s)", plan.reason)
 
     def capacity(self, hardware: str) -> int:
         return self._capacity if hardware == self.hardware else 0
