@@ -217,6 +217,7 @@ def _shared_store(store, args) -> dict:
         removed = []
         with tempfile.TemporaryDirectory(prefix="acceldemo-verify-") as scratch:
             for entry in listed:
+                entry["problem"] = None
                 if entry.get("orphan"):
                     entry["problem"] = "an object without a manifest (an upload cut short, in flight, or the loser " \
                                        "of two publications at once)"
