@@ -344,8 +344,15 @@ def test_the_package_key_holds_weights_placement_generation_and_toolchain(tmp_pa
     pipe = load_pipeline(CATALOG["tiny-shapes"], settings)
     scope = PrecompiledTransformer(pipe.transformer, ArtifactStore(tmp_path), "tiny-shapes",
                                    HardwareRegistry(settings).get("cpu")).scope
-    assert {"model", "weights", "config", "placement", "tp_size", "hardware", "generation", "toolchain"} <= set(scope)
+    assert {"model", "weights", "config", "placement", "tp_size", "hardware", "generation", "toolchain",
+            "code"} <= set(scope)
     assert scope["toolchain"].startswith("torch ") and scope["placement"] == "device" and scope["tp_size"] == 1
+    # The same model kept elsewhere on another host has the same key (its files' path is no part of it).
+    elsewhere = dataclasses.replace(settings, cache_dir=tmp_path / "other-host")
+    tiny = [PrecompiledTransformer(load_pipeline(CATALOG["tiny-flux2-klein"], chosen).transformer,
+                                   ArtifactStore(tmp_path), "tiny-flux2-klein", HardwareRegistry(chosen).get("cpu"))
+            for chosen in (settings, elsewhere)]
+    assert tiny[0].scope == tiny[1].scope
     before = weights_fingerprint(pipe.transformer)
     assert before == scope["weights"] and before.startswith("sha256 ")
     import torch

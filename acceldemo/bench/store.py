@@ -37,7 +37,8 @@ def bench_store(work: Path) -> Iterator[tuple[str, dict[str, str], str]]:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+        credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1"}
         options = {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
         s3fs.S3FileSystem(skip_instance_cache=True, key="bench", secret="bench", **options).makedirs(
             "bench", exist_ok=True)

@@ -224,6 +224,14 @@ def weights_fingerprint(module) -> str:
     return f"sha256 {digest.hexdigest()[:16]}"
 
 
+def _diffusers_version() -> str:
+    """The model code a package was traced from is diffusers' (the config's own `_diffusers_version` is the one it
+    was saved with)."""
+    import diffusers
+
+    return diffusers.__version__
+
+
 def _signature(inputs: dict) -> list:
     """The inputs a package is compiled for: every tensor's shape, dtype and device, every other value."""
     import torch
@@ -238,13 +246,15 @@ class PrecompiledTransformer:
     def __init__(self, transformer, store: ArtifactStore, model: str, hardware, placement: str = "device"):
         self.transformer, self.store, self.model, self.hardware = transformer, store, model, hardware
         self.parameters = inspect.signature(type(transformer).forward).parameters
-        config = json.dumps(dict(transformer.config), sort_keys=True, default=str)
+        # The config's own fields; its private ones ("_name_or_path": where this host keeps the files) differ by host.
+        config = json.dumps({k: v for k, v in dict(transformer.config).items() if not k.startswith("_")},
+                            sort_keys=True, default=str)
         # Everything that makes a package valid, so that any difference is a miss, never a wrong load (a package
         # for one pipeline in one process: placement device, no tensor parallelism).
         self.scope = {"model": model, "class": type(transformer).__name__, "weights": weights_fingerprint(transformer),
                       "config": hashlib.sha256(config.encode()).hexdigest()[:16], "placement": str(placement),
                       "tp_size": 1, "hardware": hardware.name, "generation": hardware.detect().generation,
-                      "toolchain": hardware.toolchain()}
+                      "toolchain": hardware.toolchain(), "code": f"diffusers {_diffusers_version()}"}
         self.runners: dict[str, Callable] = {}
         self.warned_eager = False
         # Set by the caller around one pipeline call: what the shape is called, where phase changes go, and what

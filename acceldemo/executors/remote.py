@@ -31,7 +31,7 @@ from ..config import store_url
 log = logging.getLogger("acceldemo.artifacts")
 
 MANIFEST = ".manifest.json"
-# After a failure, store operations are skipped (the host compiles itself) for this long before the store is tried again.
+# After a failure, store operations are skipped (the host compiles itself) this long before the store is tried again.
 RETRY_AFTER_S = 60.0
 # Packages for the store's protocols that are not installed with the app (fsspec itself comes with huggingface_hub).
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
@@ -305,7 +305,8 @@ class RemoteArtifacts:
         finally:
             local.unlink(missing_ok=True)
         if (size, digest) != (entry["bytes"], entry["sha256"]):
-            return f"{size} bytes with sha256 {digest[:16]}…, its manifest says {entry['bytes']}, {entry['sha256'][:16]}…"
+            return (f"{size} bytes with sha256 {digest[:16]}…, its manifest says {entry['bytes']}, "
+                    f"{entry['sha256'][:16]}…")
         return None
 
     def remove(self, entry: dict) -> list[str]:
