@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench
-from .config import Settings
+from .config import Settings, store_url
 from .errors import AcceldemoError, InvalidRequest
 from .hardware import all_modes, hardware_names, prepare_process
 from .records import GenerateParams, Phase, Placement, Progress, Shape
@@ -74,11 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     warmup = commands.add_parser("warmup", help="compile shapes ahead of requests and report their cost")
     _request_args(warmup)
     warmup.add_argument("--json", action="store_true", help="one JSON line per shape on stdout")
+    warmup.add_argument("--push", action="store_true",
+                        help="publish the compiled packages to the shared artifact store (--artifacts), also those "
+                             "that were already in the local cache, so serving hosts never compile them")
 
-    cache = commands.add_parser("cache", help="list the precompiled packages; --prune removes the unusable ones")
+    cache = commands.add_parser("cache", help="list the precompiled packages here and in the shared artifact store; "
+                                              "--verify checks the store's checksums, --prune removes what is unusable")
+    cache.add_argument("--verify", action="store_true",
+                       help="download every artifact of the shared store and check it against its manifest")
     cache.add_argument("--prune", action="store_true",
-                       help="delete packages built by another torch/CPU/GPU toolchain, and leftovers of killed builds")
+                       help="delete local packages built by another torch/CPU/GPU toolchain and leftovers of killed "
+                            "builds; in the shared store, manifests whose object is missing, objects no manifest "
+                            "names (older than --grace) and, with --verify, artifacts that fail their checksum")
+    cache.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
+                       help="age under which an object without a manifest is left alone: an upload may be in flight "
+                            "(default 3600)")
     cache.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    for command in (generate, warmup, cache):
+        command.add_argument("--artifacts", metavar="URL",
+                             help="the shared artifact store: a shared folder, s3://bucket/prefix, gs://bucket/prefix "
+                                  "or hf://datasets/ORG/NAME (env ACCELDEMO_ARTIFACTS; options: "
+                                  "ACCELDEMO_ARTIFACTS_OPTIONS)")
 
     bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
     add_bench_arguments(bench)
@@ -164,24 +181,79 @@ def cmd_cache(args, settings: Settings) -> int:
     store = ArtifactStore.of(settings)
     removed = store.prune(HardwareRegistry(settings).toolchain_here) if args.prune else []
     packages = store.packages()
+    shared = _shared_store(store, args) if store.remote is not None else None
     if args.json:
-        print(json.dumps({"folder": str(store.root), "packages": packages, "removed": removed}, indent=2))
-        return 0
+        print(json.dumps({"folder": str(store.root), "packages": packages, "removed": removed, "store": shared},
+                         indent=2))
+        return 0 if shared is None or not shared.get("error") else 1
     print(f"{len(packages)} precompiled package(s) in {store.root}")
     for entry in packages:
         print(f"  {entry.get('model', '?'):<17} {entry.get('hardware', '?'):<5} {entry.get('shape') or '?':<9} "
               f"{entry['megabytes']:>7.2f} MB  {entry.get('age_days', 0):>5.1f} d  {entry.get('toolchain', 'no JSON')}")
     for path in removed:
         print(f"  removed {path}")
+    if shared is None:
+        return 0
+    if shared.get("error"):
+        print(f"shared artifact store {shared['url']}: cannot be read ({shared['error']})")
+        return 1
+    print(f"{len(shared['artifacts'])} artifact(s) in the shared store {shared['url']}")
+    for entry in shared["artifacts"]:
+        about = entry.get("about") or {}
+        state = entry.get("problem") or ("verified" if args.verify else "")
+        print(f"  {about.get('model', entry['name']):<17} {about.get('hardware', ''):<5} "
+              f"{about.get('shape', ''):<9} {(entry.get('bytes') or 0) / 2**20:>7.2f} MB  "
+              f"{about.get('toolchain', '')}  {state}".rstrip())
+    for path in shared["removed"]:
+        print(f"  removed {path}")
     return 0
 
 
+def _shared_store(store, args) -> dict:
+    """The shared store's artifacts (verified and pruned as asked), or the error that kept it from being read."""
+    remote = store.remote
+    try:
+        listed = remote.entries()
+        removed = []
+        with tempfile.TemporaryDirectory(prefix="acceldemo-verify-") as scratch:
+            for entry in listed:
+                entry["problem"] = None
+                if entry.get("orphan"):
+                    entry["problem"] = "an object without a manifest (an upload cut short, in flight, or the loser " \
+                                       "of two publications at once)"
+                elif entry.get("broken") or not entry["present"] or args.verify:
+                    entry["problem"] = remote.verify(entry, Path(scratch))
+                young = entry.get("orphan") and (entry.get("age_s") or 0) < args.grace
+                if args.prune and entry.get("problem") and not young:
+                    removed += remote.remove(entry)
+    except Exception as error:  # the store cannot be reached or read: said, not a stack trace
+        return {"url": remote.report()["url"], "error": f"{type(error).__name__}: {error}"}
+    return {"url": remote.report()["url"], "artifacts": listed, "removed": removed}
+
+
 def cmd_warmup(args, engine) -> int:
-    for record in engine.warm_up(_params(args)[0], args.sizes, TerminalProgress()):
+    if args.push and engine.artifacts.remote is None:
+        raise InvalidRequest("push", True, "a shared artifact store to publish to: --artifacts URL or "
+                                           "ACCELDEMO_ARTIFACTS")
+    records = engine.warm_up(_params(args)[0], args.sizes, TerminalProgress())
+    for record in records:
         facts = {"shape": str(record.shape), "state": record.state, "graphs": record.graphs,
                  "compile_seconds": round(record.compile_seconds, 3), "first_call_seconds": record.first_call_seconds}
         print(json.dumps(facts) if args.json else
               f"{record.shape}: {record.state}, {record.graphs} graphs, compile {record.compile_seconds:.2f} s")
+    if args.push:
+        # Packages built just now are published already; this adds those the local cache held before.
+        asked = engine.check(_params(args)[0])
+        pushed = engine.artifacts.push(lambda entry: (entry.get("model"), entry.get("hardware")) ==
+                                       (asked.model, asked.hardware))
+        store = engine.artifacts.store_report()
+        facts = {"pushed": pushed, "published": store["published"], "store": store["url"],
+                 "store_error": store["error"]}
+        print(json.dumps(facts) if args.json else
+              f"shared artifact store {store['url']}: {store['published']} package(s) published"
+              + (f" (store error: {store['error']})" if store["error"] else ""))
+        if store["error"]:
+            return 1
     return 0
 
 
@@ -189,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
+        if getattr(args, "artifacts", None):
+            settings = dataclasses.replace(settings, artifacts=store_url(args.artifacts, "--artifacts"))
         prepare_process(settings)
         if args.command == "bench":
             return cmd_bench(args, settings)

@@ -72,6 +72,14 @@ class Settings:
     # Ray Serve's autoscaling of those replicas (min_replicas — 0 scales to zero —, max_replicas,
     # target_ongoing_requests, ...); empty: a fixed number of replicas (--replicas, else one per device on the cluster).
     ray_autoscaling: dict = field(default_factory=dict)
+    # The shared artifact store behind the local cache folder, read on a local miss and written after every compile
+    # (see executors/remote.py): a folder on a shared filesystem, s3://bucket/prefix, gs://bucket/prefix or
+    # hf://datasets/ORG/NAME. Only the operator sets it: no request can name a store. None: this host's folder only.
+    artifacts: str | None = None
+    # Options for the store's fsspec filesystem (s3fs, gcsfs, HfFileSystem), e.g.
+    # {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}; credentials are best left to each library's own
+    # variables and files (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN).
+    artifacts_options: dict = field(default_factory=dict)
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> "Settings":
@@ -102,7 +110,7 @@ class Settings:
                 parsed = None
             if not isinstance(parsed, dict):
                 raise ValueError(f"{name}={value!r} is not accepted: a JSON object, e.g. "
-                                 '{"min_replicas": 0, "max_replicas": 4}')
+                                 + JSON_EXAMPLES.get(name, "{}"))
             return parsed
 
         def choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
@@ -138,6 +146,8 @@ class Settings:
             api_token=text("ACCELDEMO_API_TOKEN"),
             ray_address=text("ACCELDEMO_RAY_ADDRESS"),
             ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
+            artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),
+            artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),
         )
 
     def replicas_of(self, hardware: str) -> int | None:
@@ -152,6 +162,29 @@ class Settings:
         values = json.loads(text)
         paths = {"cache_dir", "model_dir"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
+
+
+JSON_EXAMPLES = {"ACCELDEMO_RAY_AUTOSCALING": '{"min_replicas": 0, "max_replicas": 4}',
+                 "ACCELDEMO_ARTIFACTS_OPTIONS": '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'}
+
+
+def store_url(url: str | None, name: str = "ACCELDEMO_ARTIFACTS") -> str | None:
+    """A shared store's URL as given, when its scheme is a storage protocol fsspec knows or it is a path; None when
+    unset. fsspec comes with huggingface_hub (a diffusers dependency); the protocol's own client (s3fs, gcsfs) is
+    asked for only when the store is first used."""
+    url = (url or "").strip()
+    if not url:
+        return None
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme in ("file", "local"):
+        return url
+    from fsspec.registry import known_implementations, registry
+
+    if scheme not in known_implementations and scheme not in registry:
+        raise ValueError(f"{name}={url!r} is not accepted: {scheme}:// is not a storage protocol fsspec knows; use "
+                         "a folder path (a shared filesystem), s3://bucket/prefix, gs://bucket/prefix or "
+                         "hf://datasets/ORG/NAME")
+    return url
 
 
 def per_hardware(name: str, value: str | None) -> dict[str, int]:

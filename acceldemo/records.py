@@ -245,8 +245,11 @@ class RunOutput:
     compile_seconds: float
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
-    # Precompiled packages this call built, loaded or rejected as unusable (its process's store counts them).
+    # Precompiled packages this call built, loaded or rejected as unusable, fetched from or published to the shared
+    # store (its process's store counts them); and, when it used the shared store, the store's outage (None: it
+    # answered), so the engine's views show what a worker process ran into.
     package_events: dict[str, int] = field(default_factory=dict)
+    store_problem: str | None = None
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def test_the_report_counts_packages_and_the_hit_rate(tmp_path):
     summary = store.report("auto")
     assert (summary["packages"], summary["megabytes"], summary["built"], summary["loaded"], summary["hit_rate"]) == \
         (1, 1.0, 1, 3, 0.75)
-    assert ArtifactStore(tmp_path).counts() == {"built": 0, "loaded": 0, "rejected": 0}  # counts are the owner's
+    assert set(ArtifactStore(tmp_path).counts().values()) == {0}  # counts are the owner's
 
 
 def test_the_engine_reports_the_store(fresh_manager):

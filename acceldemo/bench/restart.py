@@ -45,6 +45,7 @@ def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
         result = engine.generate(GenerateParams(prompt="restart", model=model, hardware=hardware, mode=mode,
                                                 resolution=size, seed=0))
         packages_loaded = engine.artifacts.counts()["loaded"]
+        packages_fetched = engine.artifacts.counts()["fetched"]
     finally:
         engine.close()
     from torch._dynamo.utils import compilation_time_metrics
@@ -57,13 +58,14 @@ def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
     return {"import_s": imported - started, "first_image_s": time.perf_counter() - imported,
             "load_s": result.load_seconds, "compile_s": result.compile_seconds, "new_graphs": result.new_graphs,
             "compile_cache_hits": result.compile_cache_hits, "dynamo_trace_s": spent("bytecode_tracing"),
-            "backend_s": spent("OutputGraph.call_user_compiler"), "packages_loaded": packages_loaded}
+            "backend_s": spent("OutputGraph.call_user_compiler"), "packages_loaded": packages_loaded,
+            "packages_fetched": packages_fetched}
 
 
 def _run_child(cache_dir: Path, model: str, hardware: str, mode: str, backend: str, size: str,
-               precompile: str) -> dict:
+               precompile: str, extra_env: dict[str, str] | None = None) -> dict:
     env = {**os.environ, "ACCELDEMO_CACHE_DIR": str(cache_dir), "ACCELDEMO_CPU_COMPILE_BACKEND": backend,
-           "ACCELDEMO_PRECOMPILE": precompile}
+           "ACCELDEMO_PRECOMPILE": precompile, **(extra_env or {})}
     # The child's own cache dir decides every compiler cache; an inherited override would defeat the test.
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR",
                      "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"):

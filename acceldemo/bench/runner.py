@@ -19,7 +19,7 @@ MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
 SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
-OPTIONAL_SECTIONS = ("fleet",)
+OPTIONAL_SECTIONS = ("fleet", "store")
 
 def _shapes(*sizes: str) -> tuple[Shape, ...]:
     return tuple(Shape.parse(size) for size in sizes)
@@ -336,6 +336,14 @@ def fleet(bench: InProcessBench) -> list[Figure]:
     return measure_fleet(bench)
 
 
+def store(bench: InProcessBench) -> list[Figure]:
+    from .store import measure_store
+
+    log("shared compile store: a cold host publishes, a fresh host fetches")
+    return measure_store(bench.engine.settings.cache_dir / "models", MODEL, bench.options.hardware,
+                         bench.plan.restart_backend, bench.plan.cold_runs, log=log)
+
+
 def restart(bench: InProcessBench) -> list[Figure]:
     from .restart import measure_restart
 
@@ -361,7 +369,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
-    ("replicas", replicas), ("fleet", fleet))
+    ("replicas", replicas), ("fleet", fleet), ("store", store))
 
 
 def environment(options: BenchOptions, bench: InProcessBench) -> dict:

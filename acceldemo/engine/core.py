@@ -114,6 +114,12 @@ class Engine:
                          registry=registry)
         for event in EVENTS:
             packages.labels(event).set_function(lambda event=event: self.artifacts.counts()[event])
+        if self.artifacts.remote is not None:
+            # 1 while the shared store answers, 0 during an outage (the app compiles locally meanwhile).
+            Gauge("acceldemo_artifact_store_up", "Whether the shared artifact store answers (ACCELDEMO_ARTIFACTS)",
+                  registry=registry).set_function(lambda: float(self.artifacts.remote.problem is None))
+            # Asked once at start, in the background, so an unreachable store shows before the first compile.
+            threading.Thread(target=self.artifacts.remote.check, name="artifact-store-check", daemon=True).start()
 
     # --- the front door --------------------------------------------------------------------------------------------
 
@@ -421,6 +427,9 @@ class Engine:
     def _call(self, loaded, key, request: Request, on_progress, cancelled, warm_up: bool, queue_wait: float,
               load_seconds: float, started: float) -> GenerateResult:
         visit = self.ledger.begin(key, request)
+        adapter = self.hardware.get(request.hardware)
+        if visit.expect_compile:  # a compiler cache the shared store keeps in step (TPU): what other hosts compiled
+            self.artifacts.sync_compiler_cache(adapter, push=False)
         try:
             out = loaded.run(request, visit.expect_compile, on_progress, cancelled)
         except AcceldemoError:
@@ -431,7 +440,9 @@ class Engine:
             self.ledger.failed(visit, what)
             log.exception("generation failed for %s at %s", key, request.shape)
             raise GenerationFailed(f"{key} failed at {request.shape}: {what}") from None
-        self.artifacts.record(out.package_events)
+        self.artifacts.record(out.package_events, out.store_problem)
+        if out.new_graphs:
+            self.artifacts.sync_compiler_cache(adapter, push=True)
         self.ledger.finished(visit, out, warm_up)
         result = GenerateResult(
             request=request, key=key, images=out.images, seconds=time.perf_counter() - started,
@@ -517,7 +528,8 @@ class Engine:
                           for v in residents)
         depth = self.queue_depth() if self.fleet is not None else len(waiting)
         return Snapshot(self.startup, depth, self.settings.queue_size, self.stats.snapshot(), tuple(devices),
-                        tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile))
+                        tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile),
+                        self.artifacts.store_report())
 
 
 def _sides(shape: object) -> tuple[int, int]:

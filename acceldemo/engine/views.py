@@ -101,6 +101,9 @@ class Snapshot:
     replicas: tuple[ReplicaView, ...]
     pipelines: tuple[PipelineView, ...]
     precompiled: dict
+    # The shared artifact store (ACCELDEMO_ARTIFACTS): url, reachable, error and since when, what was fetched,
+    # published, rejected and failed; None without one.
+    artifacts_store: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ so a pipeline with twelve shapes holds its weights once.
 
 Used for mode "compiled" on hardware with `Hardware.aot_artifacts` (inductor on CPU and CUDA) unless
 ACCELDEMO_PRECOMPILE=off; Neuron and TPU keep their own persistent caches (NEFF, TPU tier-3).
+
+With a shared store (ACCELDEMO_ARTIFACTS, see `remote`), a local miss is looked up there before compiling, and
+every package built here is published there: a fresh host's first visit to a shape built elsewhere is a download.
 """
 from __future__ import annotations
 
@@ -25,23 +28,31 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..records import Phase
+from .remote import STORE_EVENTS, FetchOutcome, RemoteArtifacts
 
 log = logging.getLogger("acceldemo.artifacts")
 
-EVENTS = ("built", "loaded", "rejected")
+# What can happen to a package: built here, loaded from the local folder, refused as unusable (a local file cut
+# short, or a store's object failing its checksum), fetched from the shared store, published to it, or a store
+# operation that failed (the store unreachable).
+EVENTS = ("built", "loaded", "rejected", *STORE_EVENTS)
 
 
 class ArtifactStore:
     """One folder of packages, each written atomically beside a JSON file saying what it is; and what its owner
     (the engine) has seen happen to them since start."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, remote: RemoteArtifacts | None = None):
         self.root = Path(root)
+        self.remote = remote
         self.events: Counter = Counter()
 
-    def record(self, events: dict[str, int]) -> None:
-        """Add one call's package events (built, loaded, rejected), wherever the call ran."""
+    def record(self, events: dict[str, int], store_problem: str | None = None) -> None:
+        """Add one call's package events (built, loaded, rejected, fetched, published, store_failed), wherever the call
+        ran; and, when the call used the shared store, what it found of it (`store_problem`, None: it answered)."""
         self.events.update({event: count for event, count in events.items() if event in EVENTS})
+        if self.remote is not None and any(events.get(event) for event in STORE_EVENTS):
+            self.remote.note(store_problem)
 
     def counts(self) -> dict[str, int]:
         """Packages built, loaded, and rejected as unusable since start: counts only, no disk access."""
@@ -49,8 +60,43 @@ class ArtifactStore:
 
     @classmethod
     def of(cls, settings) -> "ArtifactStore":
-        """The app's store, in its persistent cache dir."""
-        return cls(settings.cache_dir / "aoti")
+        """The app's store, in its persistent cache dir, with the shared store behind it when one is set."""
+        remote = RemoteArtifacts.shared(settings.artifacts, settings.artifacts_options) if settings.artifacts else None
+        return cls(settings.cache_dir / "aoti", remote)
+
+    def remote_name(self, path: Path) -> str:
+        """A local package's name in the shared store: the same key, under `aoti/`."""
+        return f"aoti/{path.relative_to(self.root).with_suffix('').as_posix()}"
+
+    def fetch(self, path: Path) -> FetchOutcome | None:
+        """Bring a package this folder lacks from the shared store, verified, with its JSON; None without a store."""
+        if self.remote is None:
+            return None
+        fetched = self.remote.fetch(self.remote_name(path), path)
+        if fetched.outcome is FetchOutcome.HIT:
+            path.with_suffix(".json").write_text(json.dumps(fetched.about, indent=1, sort_keys=True))
+        return fetched.outcome
+
+    def publish(self, path: Path) -> bool:
+        """Put a local package (and its JSON's facts) in the shared store; False without one or when it fails."""
+        if self.remote is None:
+            return False
+        about = json.loads(path.with_suffix(".json").read_text())
+        return self.remote.publish(self.remote_name(path), path, about, suffix=".pt2")
+
+    def push(self, keep: Callable[[dict], bool] = lambda entry: True) -> list[str]:
+        """Publish the local packages (those `keep` accepts) the shared store lacks or holds with other bytes; returns
+        their paths."""
+        from .remote import sha256_of
+
+        pushed = []
+        for entry in self.packages():
+            path = Path(entry["path"])
+            if "toolchain" not in entry or not keep(entry):
+                continue
+            if self.remote.published_sha256(self.remote_name(path)) != sha256_of(path) and self.publish(path):
+                pushed.append(str(path))
+        return pushed
 
     def path(self, model: str, hardware: str, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -82,6 +128,21 @@ class ArtifactStore:
         finally:
             partial.unlink(missing_ok=True)
         path.with_suffix(".json").write_text(json.dumps(about, indent=1, sort_keys=True))
+
+    def sync_compiler_cache(self, hardware, push: bool) -> int:
+        """Keep a hardware's own compiler cache folder (`Hardware.synced_cache_env`: TPU's tier-3 cache) in step with
+        the shared store, under a prefix of its hardware generation and toolchain: pull what the folder lacks (before
+        a first visit), or push what the store lacks (after a compile). Returns the files moved (counted as fetched
+        or published); 0 without a store or such a folder."""
+        variable = hardware.synced_cache_env
+        folder = os.environ.get(variable) if variable else None
+        if self.remote is None or not folder:
+            return 0
+        scope = json.dumps([hardware.name, hardware.detect().generation, hardware.toolchain()])
+        under = f"{hardware.name}-cache/{hashlib.sha256(scope.encode()).hexdigest()[:16]}"
+        moved = self.remote.push_folder(Path(folder), under) if push else self.remote.pull_folder(Path(folder), under)
+        self.events["published" if push else "fetched"] += moved
+        return moved
 
     def packages(self) -> list[dict]:
         """Every package on disk with what its JSON says it is (`model`, `shape`, `toolchain`, ...), its size and
@@ -128,11 +189,47 @@ class ArtifactStore:
         reused, built = done["loaded"], done["built"]
         return {"setting": setting, "folder": str(self.root), "packages": len(files),
                 "megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1), **done,
-                "hit_rate": round(reused / (reused + built), 3) if reused + built else None}
+                "hit_rate": round(reused / (reused + built), 3) if reused + built else None,
+                "store": self.store_report()}
+
+    def store_report(self) -> dict | None:
+        """The shared store as /status and the page show it (None without one): where it is, whether it answers
+        (and the error since when it does not), and what its owner's calls fetched, published and failed to."""
+        if self.remote is None:
+            return None
+        return {**self.remote.report(), **{event: self.events[event] for event in STORE_EVENTS},
+                "rejected": self.events["rejected"]}
 
 
 def _empty_dict(value) -> bool:
     return isinstance(value, dict) and not value
+
+
+def weights_fingerprint(module) -> str:
+    """Which weights a module holds, cheaply: the Hub revision its files came from when they came from the Hub cache,
+    else a hash of every parameter's name, shape, dtype and first 4096 values. Packages hold no weights (they run on
+    the live module's), so this keeps one checkpoint's packages apart from another's without reading gigabytes."""
+    import torch
+
+    source = str(getattr(module.config, "_name_or_path", "") or "")
+    parts = Path(source).parts
+    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+        return f"revision {parts[parts.index('snapshots') + 1]}"
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(f"{name}{list(tensor.shape)}{tensor.dtype}".encode())
+            sample = tensor.detach().reshape(-1)[:4096].to("cpu")
+            digest.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
+    return f"sha256 {digest.hexdigest()[:16]}"
+
+
+def _diffusers_version() -> str:
+    """The model code a package was traced from is diffusers' (the config's own `_diffusers_version` is the one it
+    was saved with)."""
+    import diffusers
+
+    return diffusers.__version__
 
 
 def _signature(inputs: dict) -> list:
@@ -146,12 +243,18 @@ def _signature(inputs: dict) -> list:
 class PrecompiledTransformer:
     """Stands in for `transformer.forward`: one AOTInductor package per input signature, built once, saved."""
 
-    def __init__(self, transformer, store: ArtifactStore, model: str, hardware):
+    def __init__(self, transformer, store: ArtifactStore, model: str, hardware, placement: str = "device"):
         self.transformer, self.store, self.model, self.hardware = transformer, store, model, hardware
         self.parameters = inspect.signature(type(transformer).forward).parameters
-        config = json.dumps(dict(transformer.config), sort_keys=True, default=str)
-        self.scope = {"model": model, "class": type(transformer).__name__, "hardware": hardware.name,
-                      "toolchain": hardware.toolchain(), "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
+        # The config's own fields; its private ones ("_name_or_path": where this host keeps the files) differ by host.
+        config = json.dumps({k: v for k, v in dict(transformer.config).items() if not k.startswith("_")},
+                            sort_keys=True, default=str)
+        # Everything that makes a package valid, so that any difference is a miss, never a wrong load (a package
+        # for one pipeline in one process: placement device, no tensor parallelism).
+        self.scope = {"model": model, "class": type(transformer).__name__, "weights": weights_fingerprint(transformer),
+                      "config": hashlib.sha256(config.encode()).hexdigest()[:16], "placement": str(placement),
+                      "tp_size": 1, "hardware": hardware.name, "generation": hardware.detect().generation,
+                      "toolchain": hardware.toolchain(), "code": f"diffusers {_diffusers_version()}"}
         self.runners: dict[str, Callable] = {}
         self.warned_eager = False
         # Set by the caller around one pipeline call: what the shape is called, where phase changes go, and what
@@ -160,8 +263,9 @@ class PrecompiledTransformer:
         self.events: Counter = Counter()
 
     @classmethod
-    def install(cls, pipe, store: ArtifactStore, model: str, hardware) -> "PrecompiledTransformer":
-        precompiled = cls(pipe.transformer, store, model, hardware)
+    def install(cls, pipe, store: ArtifactStore, model: str, hardware,
+                placement: str = "device") -> "PrecompiledTransformer":
+        precompiled = cls(pipe.transformer, store, model, hardware, placement)
         pipe.transformer.forward = precompiled
         return precompiled
 
@@ -189,10 +293,25 @@ class PrecompiledTransformer:
 
         with self.store.building(path, waiting):
             runner = self._load(path) if path.exists() else None
+            if runner is None and self._fetch(path):
+                runner = self._load(path)
             if runner is None:
                 runner = self._build(path, inputs)
         self.runners[key] = runner
         return runner
+
+    def _fetch(self, path: Path) -> bool:
+        """Whether the shared store had this package (verified, now in the local folder). A refused one (checksum
+        mismatch, upload cut short) counts as rejected; a store that cannot be reached, as store_failed."""
+        if self.store.remote is None:
+            return False
+        self.notify(Phase.LOAD, f"looking for {self.label}'s precompiled transformer in the shared artifact store")
+        outcome = self.store.fetch(path)
+        event = {FetchOutcome.HIT: "fetched", FetchOutcome.REJECTED: "rejected",
+                 FetchOutcome.UNAVAILABLE: "store_failed"}.get(outcome)
+        if event:
+            self.events[event] += 1
+        return outcome is FetchOutcome.HIT
 
     def _load(self, path: Path) -> Callable | None:
         self.notify(Phase.LOAD, f"loading the precompiled transformer for {self.label} ({path.name})")
@@ -227,6 +346,9 @@ class PrecompiledTransformer:
         self.events["built"] += 1
         self.events["build_seconds"] += seconds
         log.info("built %s for %s in %.1f s", path.name, self.label, seconds)
+        if self.store.remote is not None:
+            self.notify(Phase.COMPILE, f"publishing {self.label}'s package to the shared artifact store")
+            self.events["published" if self.store.publish(path) else "store_failed"] += 1
         return runner
 
     def _open(self, path: Path) -> Callable:

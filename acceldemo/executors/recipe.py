@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from ..config import Settings
 from ..hardware import Hardware
 from ..records import Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
-from .artifacts import ArtifactStore, PrecompiledTransformer
+from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
+from .remote import STORE_EVENTS
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
 # contiguous input, later ones a strided slice).
@@ -54,7 +55,7 @@ def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, set
     else:
         pipe.to(device or hardware.device)
     if mode is Mode.COMPILED and precompiled is not None:
-        PrecompiledTransformer.install(pipe, precompiled, model, hardware)
+        PrecompiledTransformer.install(pipe, precompiled, model, hardware, str(placement))
     else:
         compile_transformer(pipe, hardware.compile_backend, mode)
 
@@ -130,6 +131,7 @@ class _CompileMeter:
         self.precompiled = precompiled
         self.graphs, self.seconds, self.cache_hits = 0, 0.0, 0
         self.package_events: dict[str, int] = {}
+        self.store_problem: str | None = None
 
     @staticmethod
     def _read() -> tuple[int, float, int]:
@@ -153,7 +155,9 @@ class _CompileMeter:
         self.graphs = graphs - self._start[0] + events["built"]
         self.seconds = seconds - self._start[1] + events["build_seconds"]
         self.cache_hits = hits - self._start[2] + events["loaded"]
-        self.package_events = {event: events[event] for event in ("built", "loaded", "rejected") if events[event]}
+        self.package_events = {event: events[event] for event in EVENTS if events[event]}
+        if any(events[event] for event in STORE_EVENTS):  # what the call found of the shared store, for its owner
+            self.store_problem = self.precompiled.store.remote.problem
 
 
 def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: bool, on_progress: ProgressCallback,
@@ -199,4 +203,4 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
     return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
                      compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
-                     package_events=meter.package_events)
+                     package_events=meter.package_events, store_problem=meter.store_problem)

@@ -147,6 +147,8 @@ def prepare_process(settings: Settings) -> None:
     for adapter in ADAPTERS.values():
         for variable, folder in adapter.cache_env.items():
             os.environ.setdefault(variable, str(settings.cache_dir / folder))
+        for variable, value in (adapter.store_env(settings.artifacts) if settings.artifacts else {}).items():
+            os.environ.setdefault(variable, value)
     if tpu_autoload_would_abort():
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         log.warning("torch_tpu is installed without libtpu: backend autoload turned off so torch can load")

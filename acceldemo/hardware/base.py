@@ -84,6 +84,10 @@ class Hardware:
     # The Ray resource that counts this hardware's devices on a cluster's nodes (Ray's own names: GPU for CUDA,
     # neuron_cores for Trainium, TPU for TPU hosts); None for the CPU, whose devices are CPU cores.
     ray_resource: ClassVar[str | None] = None
+    # The variable naming this hardware's own compiler cache folder when the shared artifact store keeps that folder
+    # in step across hosts (TPU's tier-3 cache); None where the store holds AOTInductor packages (CPU, CUDA) or the
+    # compiler reaches the store itself (Neuron, `store_env`).
+    synced_cache_env: ClassVar[str | None] = None
 
     def __init__(self, settings: Settings, found: Availability | None = None) -> None:
         self.settings = settings
@@ -225,6 +229,12 @@ class Hardware:
 
         return f"torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}"
 
+    @classmethod
+    def store_env(cls, url: str) -> dict[str, str]:
+        """Environment that points this hardware's own compiler cache at the shared artifact store `url`, for a
+        compiler that reads and writes a remote cache itself."""
+        return {}
+
     def ray_actor_options(self, devices: int, cpus: float = 1.0) -> dict:
         """What one replica of `devices` devices asks Ray for: the devices as Ray names them, and `cpus` CPU cores
         (for the CPU itself, the cores are the device)."""
@@ -252,6 +262,19 @@ class Hardware:
 
     def synchronize(self) -> None:
         """Wait for queued device work, so timings measure the work and not its dispatch."""
+
+
+def package_versions(*names: str) -> str:
+    """`name version` of each installed distribution (`name absent` otherwise), without importing them."""
+    import importlib.metadata
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "absent"
+
+    return ", ".join(f"{name} {version(name)}" for name in names)
 
 
 def probe_script(body: str) -> str:

@@ -5,7 +5,7 @@ import glob
 import os
 
 from ..records import DeviceSet
-from .base import Availability, GiB, Hardware, probe_script
+from .base import Availability, GiB, Hardware, package_versions, probe_script
 
 
 class NeuronHardware(Hardware):
@@ -48,3 +48,16 @@ return {'available': True, 'reason': f'{n} NeuronCores', 'device_count': n}
     def prepare_rank(self, local_rank: int, devices: DeviceSet) -> None:
         # One NeuronCore per rank, read by the runtime when torch_neuronx starts the device.
         os.environ[self.visible_devices_env] = str(devices.indices[local_rank])
+
+    def toolchain(self) -> str:
+        # A NEFF is compiled by neuronx-cc for the runtime torch-neuronx drives.
+        return f"{super().toolchain()}, {package_versions('torch-neuronx', 'neuronx-cc')}"
+
+    @classmethod
+    def store_env(cls, url: str) -> dict[str, str]:
+        """torch-neuronx's own remote compile cache: NEURON_COMPILE_CACHE_URL takes an s3:// URL or a folder, and
+        keys its NEFFs by compiler version and graph itself. Other stores (gs://, hf://) leave the NEFF cache local."""
+        scheme = url.partition("://")[0] if "://" in url else "file"
+        if scheme not in ("s3", "file"):
+            return {}
+        return {"NEURON_COMPILE_CACHE_URL": f"{url.rstrip('/')}/neuron"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import HardwareUnavailable, UnsupportedCombination
 from ..records import DeviceSet, Mode
-from .base import MODE_NOTES, Availability, Hardware, probe_script
+from .base import MODE_NOTES, Availability, Hardware, package_versions, probe_script
 
 EAGER_MODE_NAMES = {Mode.EAGER: "DEFER_NEVER", Mode.EAGER_FUSED: "DEFER_AND_FUSE"}
 # Processes per host that torch-tpu's launcher accepts, by the generation torch.tpu names: set_tpu_launch_env looks
@@ -41,6 +41,8 @@ class TpuHardware(Hardware):
     mesh_device_type = "tpu"
     # Read once, by torch_tpu's C++ runtime, when the compilation cache is first used.
     cache_env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "tpu"}
+    # The shared artifact store keeps that folder in step across hosts (torch-tpu has no remote cache of its own).
+    synced_cache_env = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
     # torch-tpu 0.2.0 reads this one (it overwrites TPU_VISIBLE_CHIPS from it).
     visible_devices_env = "TPU_VISIBLE_DEVICES"
     package = "torch_tpu"
@@ -90,6 +92,10 @@ return {{'available': True, 'reason': f'{{n}} x {{chip.name}}', 'device_count': 
         # tensor-parallel pool always takes chips 0..N-1, so a host has one group of each size.
         found = super().device_sets(size)
         return found[:1] if size > 1 else found
+
+    def toolchain(self) -> str:
+        # TPU programs are compiled by libtpu for the runtime torch-tpu drives.
+        return f"{super().toolchain()}, {package_versions('torch-tpu', 'libtpu')}"
 
     def tensor_parallel_sizes(self) -> tuple[int, ...] | None:
         return TENSOR_PARALLEL_SIZES.get(self.detect().generation)

@@ -90,7 +90,19 @@ def describe_packages(store: dict) -> str:
         return "Precompiled packages: off (ACCELDEMO_PRECOMPILE=off)"
     rate = "" if store["hit_rate"] is None else f", {store['hit_rate']:.0%} of first visits loaded one"
     return (f"Precompiled packages: {store['packages']} on disk ({store['megabytes']} MB); since start "
-            f"{store['built']} built, {store['loaded']} loaded{rate}")
+            f"{store['built']} built, {store['loaded']} loaded{rate}" + describe_store(store.get("store")))
+
+
+def describe_store(store: dict | None) -> str:
+    """The shared artifact store's line: what came from it and went to it, or its outage (and that the app compiles
+    locally meanwhile); empty without a store."""
+    if store is None:
+        return ""
+    if not store["reachable"]:
+        return (f"  \n**Shared artifact store {store['url']} unreachable** ({store['error']}): compiling locally, "
+                "serving on")
+    return (f"  \nShared artifact store {store['url']}: {store['fetched']} fetched, {store['published']} published, "
+            f"{store['rejected']} refused")
 
 
 def status_rows(snapshot: Snapshot) -> pd.DataFrame:

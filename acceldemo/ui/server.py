@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="run the pipeline replicas on a Ray cluster as a Ray Serve deployment: its address, or "
                              "auto for the one `ray start` began here (env ACCELDEMO_RAY_ADDRESS; needs "
                              "requirements-fleet.txt; autoscaling: ACCELDEMO_RAY_AUTOSCALING)")
+    parser.add_argument("--artifacts", default=settings.artifacts, metavar="URL",
+                        help="shared artifact store behind the local compile cache: a shared folder, "
+                             "s3://bucket/prefix, gs://bucket/prefix or hf://datasets/ORG/NAME; read on a local miss, "
+                             "written after every compile; writable by the operator only (env ACCELDEMO_ARTIFACTS; "
+                             "fsspec options: ACCELDEMO_ARTIFACTS_OPTIONS)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         auth = parse_auth(args.auth)
         if args.replicas:
             settings = dataclasses.replace(settings, replicas=config.per_hardware("--replicas", args.replicas))
-        settings = dataclasses.replace(settings, ray_address=args.ray or None)
+        settings = dataclasses.replace(settings, ray_address=args.ray or None,
+                                       artifacts=config.store_url(args.artifacts, "--artifacts"))
     except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
     open_doors = [door for door, guard in (("the page (no --auth)", auth),
