@@ -55,7 +55,8 @@ class ArtifactStore:
             self.remote.note(store_problem)
 
     def counts(self) -> dict[str, int]:
-        """Packages built, loaded, and rejected as unusable since start: counts only, no disk access."""
+        """Every event's count since start (EVENTS: built, loaded, rejected, fetched, published, store_failed):
+        counts only, no disk access."""
         return {event: self.events[event] for event in EVENTS}
 
     @classmethod
