@@ -126,6 +126,8 @@ def cmd_info(args, engine) -> int:
     packages = description.precompiled
     print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "
           f"({packages['megabytes']} MB)")
+    if packages.get("store"):
+        print(f"Shared artifact store: {packages['store']['url']}")
     return 0
 
 

@@ -55,7 +55,8 @@ class ArtifactStore:
             self.remote.note(store_problem)
 
     def counts(self) -> dict[str, int]:
-        """Packages built, loaded, and rejected as unusable since start: counts only, no disk access."""
+        """Every event's count since start (EVENTS: built, loaded, rejected, fetched, published, store_failed):
+        counts only, no disk access."""
         return {event: self.events[event] for event in EVENTS}
 
     @classmethod
@@ -224,6 +225,28 @@ def weights_fingerprint(module) -> str:
     return f"sha256 {digest.hexdigest()[:16]}"
 
 
+@contextlib.contextmanager
+def _isa_taken_from_the_key() -> Iterator[None]:
+    """Load a package without inductor's CPU vector-ISA probe.
+
+    `aoti_load_package` asks inductor which vector ISA this CPU has only to warn when it differs from the package's;
+    in a process that has not compiled yet (a fresh host), answering compiles and runs a probe program per candidate
+    ISA (seconds each: most of a fresh host's first image). The package key already holds the CPU's ISA as ATen
+    detects it (`Hardware.toolchain`), so a package built for another ISA is never offered here; inductor's own
+    `cpp.vec_isa_ok` switch skips the probe for this load, and the list is forgotten after it, so a later compile in
+    this process probes as usual."""
+    from torch._inductor import config, cpu_vec_isa
+
+    if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:  # probed already in this process: nothing to save
+        yield
+        return
+    try:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            yield
+    finally:
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+
+
 def _diffusers_version() -> str:
     """The model code a package was traced from is diffusers' (the config's own `_diffusers_version` is the one it
     was saved with)."""
@@ -355,7 +378,8 @@ class PrecompiledTransformer:
         """The package's compiled transformer, running on this transformer's own weights."""
         import torch
 
-        with warnings.catch_warnings():  # torch's own pytree deprecation, raised while unpickling the package
+        with warnings.catch_warnings(), _isa_taken_from_the_key():
+            # torch's own pytree deprecation, raised while unpickling the package
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             runner = torch._inductor.aoti_load_package(str(path))
         weights = dict(self.transformer.named_parameters()) | dict(self.transformer.named_buffers())

@@ -116,8 +116,9 @@ class RemoteArtifacts:
                     self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.options)
                 except ImportError as error:
                     package = _EXTRAS.get(scheme, f"the fsspec implementation of {scheme}://")
+                    listed = " (listed in requirements-fleet.txt)" if package == "s3fs" else ""
                     raise ImportError(f"the artifact store {shown_url(self.url)} needs {package}: pip install "
-                                      f"{package} (or pip install -r requirements-fleet.txt) ({error})") from None
+                                      f"{package}{listed} ({error})") from None
                 self._root = self._root.rstrip("/")
             return self._fs, self._root
 
