@@ -2,6 +2,7 @@
 one line with one limit as they arrive, run on a replica, counted; and the two views every front end renders."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import socket
@@ -136,14 +137,16 @@ class Engine:
             return self._start_in_fleet(job, request, on_progress)
         candidates = self._candidates(request)
 
-        def image(member: Request) -> Callable[[Ticket, float], GenerateResult]:
+        def image(i: int, member: Request) -> Callable[[Ticket, float], GenerateResult]:
+            report = _of_image(i, on_progress)
+
             def run(devices: DeviceSet, started: float, queue_wait: float) -> GenerateResult:
-                return self._run(devices, member, on_progress, job.cancelled, False, started, queue_wait)
-            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, on_progress,
+                return self._run(devices, member, report, job.cancelled, False, started, queue_wait)
+            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, report,
                                                                    job.cancelled, run)
 
         return self._start(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
-                           [image(member) for member in request.members()],
+                           [image(i, member) for i, member in enumerate(request.members())],
                            lambda parts: GenerateResult.of_images(request, parts))
 
     def generate(self, request: GenerateParams | Request, on_progress: ProgressCallback = no_progress,
@@ -321,8 +324,8 @@ class Engine:
             self.stats.count(kind, Outcome.INVALID)
             raise InvalidRequest("device", str(request.devices), "none: on a Ray fleet, Ray Serve places the replicas")
         if bodies is None:
-            bodies = [lambda member=member: fleet.run(member, on_progress, job.cancelled)
-                      for member in request.members()]
+            bodies = [lambda i=i, member=member: fleet.run(member, _of_image(i, on_progress), job.cancelled)
+                      for i, member in enumerate(request.members())]
             combine = lambda parts: GenerateResult.of_images(request, parts)  # noqa: E731
         capacity = fleet.capacity(request.hardware)
         with self._fleet_lock:
@@ -517,6 +520,13 @@ class Engine:
                           for v in residents)
         return Snapshot(self.startup, len(waiting), self.settings.queue_size, self.stats.snapshot(), tuple(devices),
                         tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile))
+
+
+def _of_image(image: int, on_progress: ProgressCallback) -> ProgressCallback:
+    """`on_progress` for one image of a request: its events say which image they are about."""
+    if image == 0:
+        return on_progress
+    return lambda event: on_progress(dataclasses.replace(event, image=image))
 
 
 def _sides(shape: object) -> tuple[int, int]:
