@@ -13,7 +13,8 @@ import torch
 
 from acceldemo.config import Settings
 from acceldemo.models.catalog import CATALOG
-from acceldemo.models.latent_rgb import SHIPPED, fit, write_atomically
+from acceldemo.files import write_atomically
+from acceldemo.models.latent_rgb import SHIPPED, fit
 from acceldemo.models.loading import load_pipeline
 
 

@@ -24,6 +24,7 @@ from ..models.loading import model_availability
 from ..records import (DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
                        ProgressCallback, ReplicaState, Request, Shape, no_progress)
 from .admission import Line, Ticket
+from .compile_times import CompileClock, CompileTimes, compile_kind
 from .ledger import CompiledShape, ShapeLedger
 from .residency import Residency
 from .stats import EngineStats, Kind, Outcome, outcome_of
@@ -98,6 +99,7 @@ class Engine:
         self.line = Line(settings.queue_size, settings.device_wait_s)
         self.artifacts = ArtifactStore.of(settings)
         self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
+        self.compile_times = CompileTimes(settings.cache_dir)
         self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
         self.supervisor = Supervisor(self.line, self.residency, self.stats)
         self._startup = Startup()
@@ -424,8 +426,10 @@ class Engine:
     def _call(self, loaded, key, request: Request, on_progress, cancelled, warm_up: bool, queue_wait: float,
               load_seconds: float, started: float) -> GenerateResult:
         visit = self.ledger.begin(key, request)
+        kind = compile_kind(key, request, self.hardware.get(key.hardware).detect().generation)
+        clock = CompileClock(on_progress, lambda: self.compile_times.estimate(kind))
         try:
-            out = loaded.run(request, visit.expect_compile, on_progress, cancelled)
+            out = loaded.run(request, visit.expect_compile, clock, cancelled)
         except AcceldemoError:
             self.ledger.abandoned(visit)
             raise
@@ -434,6 +438,10 @@ class Engine:
             self.ledger.failed(visit, what)
             log.exception("generation failed for %s at %s", key, request.shape)
             raise GenerationFailed(f"{key} failed at {request.shape}: {what}") from None
+        finally:
+            clock.stop()
+        if out.new_graphs and clock.measured is not None:
+            self.compile_times.record(kind, clock.measured)
         self.artifacts.record(out.package_events)
         self.ledger.finished(visit, out, warm_up)
         result = GenerateResult(

@@ -7,12 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_atomically
 from .catalog import ModelSpec
 
 log = logging.getLogger("acceldemo.previews")
@@ -164,17 +163,3 @@ def map_for(spec: ModelSpec, vae, cache_dir: Path) -> LatentRGB:
         fitted = fit(vae)
         write_atomically(path, json.dumps(fitted.as_json(), indent=1))
         return fitted
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """The file replaced whole: a reader sees the old text or the new, never a half-written one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(partial, 0o644)  # mkstemp's 0600 would keep it from other users of a shared cache
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
