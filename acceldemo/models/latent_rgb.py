@@ -40,7 +40,7 @@ class LatentRGB:
 
     def as_json(self) -> dict:
         return {"weights": [list(row) for row in self.weights], "bias": list(self.bias), "vae": self.vae,
-                "error": round(self.error, 2)}
+                "error": self.error}
 
     @staticmethod
     def of_json(data: dict) -> "LatentRGB":
@@ -82,24 +82,27 @@ def unpack(pipe, spec: ModelSpec, latents, height: int, width: int):
     return latents / scale + shift
 
 
-def fit(vae, size: int = 64, images: int = 48, seed: int = 0, pictures=None) -> LatentRGB:
+def fit(vae, drawn=None, size: int = 64, images: int = 48, seed: int = 0) -> LatentRGB:
     """Least squares from the VAE's latents to its own decode of them, per latent pixel.
 
-    The latents are the VAE's encodings of synthetic pictures (flat colours, gradients, discs and boxes of random
-    colours): clean latents, as the previews show the model's prediction of the finished latents (see
-    `executors.previews`), not the noisy ones of a step; the targets are the VAE's decodes,
-    averaged down to the latent grid: the map predicts what the decode will show, not the pictures. `pictures`
-    (N, 3, H, W in [-1, 1]) replaces the synthetic ones: a VAE trained on a narrow set of pictures (tiny-shapes')
-    encodes only pictures like those faithfully.
+    The latents: `drawn`, latents (N, C, h, w) the model itself finished (what the offline fit of the embedded
+    models uses: a small transformer's latents can lie far from its encoder's, and tiny-shapes' map fitted on
+    encodings is off by 45 of 255 on its own drawings, 17 when fitted on them); else the VAE's encodings of
+    synthetic pictures (flat colours, gradients, discs and boxes of random and of saturated colours), as a real
+    model's transformer draws latents its VAE would encode. Clean latents: the previews show the model's prediction
+    of the finished latents (see `executors.previews`), not a step's noisy ones. The targets are the VAE's decodes,
+    averaged down to the latent grid: the map predicts what the decode will show.
     """
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     device, dtype = next(vae.parameters()).device, next(vae.parameters()).dtype
-    pictures = _pictures(images, size, generator) if pictures is None else pictures
     with torch.no_grad():
-        latents = torch.cat([vae.encode(batch.to(device, dtype)).latent_dist.mode().float()
-                             for batch in pictures.split(8)])
+        if drawn is None:
+            latents = torch.cat([vae.encode(batch.to(device, dtype)).latent_dist.mode().float()
+                                 for batch in _pictures(images, size, generator).split(8)])
+        else:
+            latents = drawn.to(device, torch.float32)
         decoded = torch.cat([vae.decode(batch.to(dtype), return_dict=False)[0].float().clamp(-1, 1)
                              for batch in latents.split(8)])
         target = torch.nn.functional.adaptive_avg_pool2d(decoded, latents.shape[-2:])

@@ -169,11 +169,9 @@ def partial_steps(total: int, wanted: int) -> list[int]:
 def encode(image, output_format: str, compression: int | None = None) -> bytes:
     """The image in one of FORMATS; jpeg and webp at quality `compression` (OpenAI's default 100)."""
     out = io.BytesIO()
-    kind, _ = FORMATS[output_format]
-    if kind == "PNG":
-        image.save(out, format=kind)
-    else:
-        image.convert("RGB").save(out, format=kind, quality=100 if compression is None else compression)
+    pil_format, _ = FORMATS[output_format]
+    lossy = {} if output_format == "png" else {"quality": 100 if compression is None else compression}
+    image.convert("RGB").save(out, format=pil_format, **lossy)
     return out.getvalue()
 
 
