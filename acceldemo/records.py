@@ -292,6 +292,8 @@ class RunOutput:
     compile_seconds: float
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    # Seconds the call spent making previews (0 without them).
+    preview_seconds: float = 0.0
     # Precompiled packages this call built, loaded or rejected as unusable (its process's store counts them).
     package_events: dict[str, int] = field(default_factory=dict)
 
@@ -311,6 +313,7 @@ class GenerateResult:
     warm: bool
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    preview_seconds: float = 0.0
     # Words of the prompt the model was not trained on, and the sentence that tells a person so ("" if none).
     unknown_words: tuple[str, ...] = ()
     note: str = ""
@@ -336,6 +339,7 @@ class GenerateResult:
             load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in parts),
             new_graphs=sum(p.new_graphs for p in parts), warm=all(p.warm for p in parts),
             compile_cache_hits=sum(p.compile_cache_hits for p in parts), step_seconds=first.step_seconds,
+            preview_seconds=sum(p.preview_seconds for p in parts),
             unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node)
 
     def facts(self, image: int = 0) -> dict[str, Any]:
@@ -352,6 +356,7 @@ class GenerateResult:
             "load_seconds": round(self.load_seconds, 4),
             "compile_seconds": round(self.compile_seconds, 4), "new_graphs": self.new_graphs,
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
+            "preview_seconds": round(self.preview_seconds, 4),
             "device": str(self.key.devices or self.key.hardware), "node": self.node,
             "unknown_words": list(self.unknown_words), "note": self.note,
         }

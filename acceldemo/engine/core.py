@@ -449,6 +449,7 @@ class Engine:
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
             compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
+            preview_seconds=out.preview_seconds,
             unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
             node=self.node)
         self.stats.observe(result)

@@ -38,7 +38,8 @@ class PreviewMaker:
         moves along the predicted velocity v, x(σ') = x(σ) + (σ' − σ)·v, and the finished latents are x(σ') − σ'·v —
         a picture rather than the noise still mixed into the latents (ComfyUI previews this prediction too). Without
         the step before, or with another scheduler: the latents as they are."""
-        before, self.previous = self.previous, latents.detach().clone()
+        # A reference, not a copy: a scheduler step makes new latents rather than changing these in place.
+        before, self.previous = self.previous, latents.detach()
         if self.flow and self.sigmas is None:
             self.sigmas = self.pipe.scheduler.sigmas.to("cpu", dtype=latents.dtype).tolist()
         if not self.flow or before is None or step >= len(self.sigmas):

@@ -205,4 +205,5 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
     return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
                      compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
+                     preview_seconds=previews.spent if previews else 0.0,
                      package_events=meter.package_events)
