@@ -15,8 +15,8 @@ BUDGET = 0.04
 
 class PreviewMaker:
     """Makes the previews of one call: `at_step(step, latents, elapsed)` gives a preview, or None when one now would
-    take previews past BUDGET of the `elapsed` seconds since the call began (on a fast model with a slow host link, every few
-    steps; on the tiny models and real ones alike, usually every step)."""
+    take previews past BUDGET of the `elapsed` seconds since the call began (a model whose steps take little beside a
+    slow device-to-host copy gets one every few steps; the tiny models and real ones, every step)."""
 
     def __init__(self, pipe, spec: ModelSpec, request: Request, cache_dir: Path):
         import torch
@@ -41,7 +41,7 @@ class PreviewMaker:
         # A reference, not a copy: a scheduler step makes new latents rather than changing these in place.
         before, self.previous = self.previous, latents.detach()
         if self.flow and self.sigmas is None:
-            self.sigmas = self.pipe.scheduler.sigmas.to("cpu", dtype=latents.dtype).tolist()
+            self.sigmas = self.pipe.scheduler.sigmas.detach().cpu().double().tolist()
         if not self.flow or before is None or step >= len(self.sigmas):
             return latents
         sigma, sigma_next = self.sigmas[step - 1], self.sigmas[step]

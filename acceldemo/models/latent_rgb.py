@@ -1,7 +1,7 @@
 """Each model's linear latent→RGB map (ComfyUI's latent2rgb approach): how its denoising latents are unpacked into the
 VAE's own latent space, and a 3×2C matrix plus bias that turns one latent pixel (its C values and their squares)
-into one RGB pixel, fitted from the model's own VAE. The embedded models' maps ship in latent_rgb.json (`python -m training.latent_rgb`); any other
-model's is fitted on its first preview and kept in the cache folder."""
+into one RGB pixel, fitted from the model's own VAE. The embedded models' maps ship in latent_rgb.json
+(`python -m training.latent_rgb`); any other model's is fitted on its first preview and kept in the cache folder."""
 from __future__ import annotations
 
 import hashlib
