@@ -27,15 +27,25 @@ def _shape(text: str) -> Shape:
 class TerminalProgress:
     """Progress events as terminal lines; denoise steps overwrite one line on a terminal."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=sys.stderr, previews: Path | None = None):
         self.stream = stream
         self.started = time.perf_counter()
         self.tty = stream.isatty()
+        self.last = ""
+        # Where each preview goes as a PNG (`--previews DIR`), named `{preview_name}-{image}-step{step}.png`.
+        self.previews = previews
+        self.preview_name = "preview"
 
     def __call__(self, event: Progress) -> None:
         elapsed = time.perf_counter() - self.started
         text = f"[{elapsed:7.2f}s] {event.phase:<8} {event.message}"
-        if event.phase is Phase.DENOISE and self.tty:
+        if event.preview is not None and self.previews is not None:
+            event.preview.image().save(self.previews / f"{self.preview_name}-{event.image}-step{event.step:03d}.png")
+        again, self.last = event.message == self.last, event.message
+        if event.phase is Phase.COMPILE and again:  # the same compile a second later: on a terminal, its clock
+            if self.tty and event.expected:
+                self.stream.write(f"{text} [{event.elapsed:.0f} of about {event.expected:.0f} s]\r")
+        elif event.phase is Phase.DENOISE and self.tty:
             end = "\n" if event.step == event.total else "\r"
             self.stream.write(text + end)
         elif event.phase is not Phase.DENOISE or event.step == event.total:
@@ -71,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--repeat", type=int, default=1, help="runs per size (default 1)")
     generate.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs (default outputs/)")
     generate.add_argument("--json", action="store_true", help="one JSON line per image on stdout")
+    generate.add_argument("--previews", type=Path, metavar="DIR",
+                          help="also save each denoise step's preview of the image forming, as PNGs in DIR")
 
     warmup = commands.add_parser("warmup", help="compile shapes ahead of requests and report their cost")
     _request_args(warmup)
@@ -138,14 +150,14 @@ def _params(args, prompt: str = "warm-up", **extra) -> list[GenerateParams]:
                            **extra) for size in args.sizes or [None]]
 
 
-def check_output_folder(folder: Path) -> Path:
+def check_output_folder(folder: Path, field: str = "out") -> Path:
     """The folder for the images, created now and proved writable, so no image is made only to be lost."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".acceldemo-write-check-"):
             pass
     except OSError as error:
-        raise InvalidRequest("out", str(folder), f"a folder this user can create and write to "
+        raise InvalidRequest(field, str(folder), f"a folder this user can create and write to "
                                                  f"({error.strerror or type(error).__name__})") from None
     return folder
 
@@ -154,11 +166,16 @@ def cmd_generate(args, engine) -> int:
     if args.repeat < 1:
         raise InvalidRequest("repeat", args.repeat, "a whole number of at least 1")
     requests = [engine.check(params) for params in
-                _params(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed)]
+                _params(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed,
+                        previews=args.previews is not None)]
     check_output_folder(args.out)
-    progress = TerminalProgress()
+    if args.previews is not None:
+        check_output_folder(args.previews, "previews")
+    progress = TerminalProgress(previews=args.previews)
     for request in requests:
         for run in range(args.repeat):
+            r = request
+            progress.preview_name = f"{r.model}-{r.hardware}-{r.mode}-{r.width}x{r.height}-seed{r.seed}-{run}"
             result = engine.generate(request, progress)
             r = result.request
             if result.note and run == 0 and not args.json:

@@ -143,6 +143,13 @@ class GenerateParams:
     num_images: object = None
     # A device set to run on (`cuda:1`, `neuron:0-1`); None lets the engine pick a free one.
     device: object = None
+    # OpenAI's quality names (low, medium, high, auto; DALL-E 3's standard, hd): the model's steps preset for it,
+    # when no steps are given.
+    quality: object = None
+    # OpenAI's background (transparent, opaque, auto): transparent only where the model draws an alpha channel.
+    background: object = None
+    # True: the progress events carry previews of the image as it forms (see `Preview`).
+    previews: object = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,10 @@ class Request:
     num_images: int = 1
     # The device set the person named; None: any replica of the hardware.
     devices: DeviceSet | None = None
+    # The quality preset asked for (None: none); it chose the steps unless steps were given too.
+    quality: str | None = None
+    # Whether the progress events carry previews of the image as it forms.
+    previews: bool = False
 
     @property
     def model(self) -> str:
@@ -218,6 +229,26 @@ class PipelineKey:
 
 
 @dataclass(frozen=True)
+class Preview:
+    """The image so far, decoded cheaply from the latents after a denoise step: RGB pixels (a uint8 array of
+    height × width × 3, at the latents' resolution) and the image size it stands for."""
+
+    pixels: Any
+    shape: Shape
+    step: int
+    total: int
+
+    def image(self):
+        """The preview as a PIL image at the image's size (smoothly scaled up from the latents' resolution)."""
+        from PIL import Image
+
+        picture = Image.fromarray(self.pixels, "RGB")
+        if picture.size == (self.shape.width, self.shape.height):
+            return picture
+        return picture.resize((self.shape.width, self.shape.height), Image.Resampling.BILINEAR)
+
+
+@dataclass(frozen=True)
 class Progress:
     """One progress event of one request."""
 
@@ -226,6 +257,22 @@ class Progress:
     step: int | None = None
     total: int | None = None
     elapsed: float = 0.0
+    # A denoise step's picture of the image so far (requests asking for previews).
+    preview: Preview | None = None
+    # Which image of a request of several (its seed is seed + image).
+    image: int = 0
+    # A compile whose kind was compiled on this host before: the seconds it is expected to take (the bar advances
+    # by elapsed ÷ expected); None while nothing is known.
+    expected: float | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        """How far along this phase is, when that is known: steps done, or a compile's elapsed ÷ expected."""
+        if self.step and self.total:
+            return self.step / self.total
+        if self.expected:
+            return min(self.elapsed / self.expected, 0.99)
+        return None
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -245,6 +292,8 @@ class RunOutput:
     compile_seconds: float
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    # Seconds the call spent making previews (0 without them).
+    preview_seconds: float = 0.0
     # Precompiled packages this call built, loaded or rejected as unusable, fetched from or published to the shared
     # store (its process's store counts them); and, when it used the shared store, the store's outage (None: it
     # answered), so the engine's views show what a worker process ran into.
@@ -267,6 +316,7 @@ class GenerateResult:
     warm: bool
     compile_cache_hits: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    preview_seconds: float = 0.0
     # Words of the prompt the model was not trained on, and the sentence that tells a person so ("" if none).
     unknown_words: tuple[str, ...] = ()
     note: str = ""
@@ -292,6 +342,7 @@ class GenerateResult:
             load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in parts),
             new_graphs=sum(p.new_graphs for p in parts), warm=all(p.warm for p in parts),
             compile_cache_hits=sum(p.compile_cache_hits for p in parts), step_seconds=first.step_seconds,
+            preview_seconds=sum(p.preview_seconds for p in parts),
             unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node)
 
     def facts(self, image: int = 0) -> dict[str, Any]:
@@ -303,11 +354,12 @@ class GenerateResult:
         return {
             "model": r.model, "hardware": r.hardware, "mode": str(r.mode), "placement": str(r.placement),
             "tp_size": r.tp_size, "width": r.width, "height": r.height, "steps": r.steps,
-            "guidance": r.guidance, "seed": r.seed, "num_images": r.num_images,
+            "guidance": r.guidance, "seed": r.seed, "num_images": r.num_images, "quality": r.quality,
             "seconds": round(self.seconds, 4), "queue_wait": round(self.queue_wait, 4),
             "load_seconds": round(self.load_seconds, 4),
             "compile_seconds": round(self.compile_seconds, 4), "new_graphs": self.new_graphs,
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
+            "preview_seconds": round(self.preview_seconds, 4),
             "device": str(self.key.devices or self.key.hardware), "node": self.node,
             "unknown_words": list(self.unknown_words), "note": self.note,
         }

@@ -388,3 +388,18 @@ def test_no_pool_process_outlives_the_app(how, tmp_path):
     finally:
         app.kill()
         app.wait()
+
+
+@pytest.mark.slow
+def test_rank_zero_sends_the_previews_the_one_process_pipeline_makes(klein):
+    request = tp_request(previews=True, steps=4)
+    events = []
+    klein.run(request, False, events.append)
+    previews = [e.preview for e in events if e.preview is not None]
+    assert [p.step for p in previews] == [1, 2, 3, 4] and previews[0].shape == Shape(64, 64)
+    local = LocalExecutor(SETTINGS, HARDWARE).load(replace(key_of(request), placement=Placement.DEVICE, tp_size=1),
+                                                   request.spec, no_progress)
+    alone = []
+    local.run(request, False, alone.append)
+    expected = [e.preview.pixels for e in alone if e.preview is not None]
+    assert all(np.abs(p.pixels.astype(int) - e).max() <= 1 for p, e in zip(previews, expected, strict=True))

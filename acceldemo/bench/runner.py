@@ -17,7 +17,7 @@ from .report import BenchReport
 
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
-SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas")
+SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "previews")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 
@@ -344,6 +344,12 @@ def store(bench: InProcessBench) -> list[Figure]:
                          bench.plan.restart_backend, bench.plan.cold_runs, log=log)
 
 
+def previews(bench: InProcessBench) -> list[Figure]:
+    from .previews import previews as measure_previews
+
+    return measure_previews(bench)
+
+
 def restart(bench: InProcessBench) -> list[Figure]:
     from .restart import measure_restart
 
@@ -367,7 +373,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # Run order: the in-process engine sections first (they share compiled graphs), then the ones that reset
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
-    ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
+    ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits), ("previews", previews),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
     ("replicas", replicas), ("fleet", fleet), ("store", store))
 

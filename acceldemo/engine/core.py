@@ -2,6 +2,7 @@
 one line with one limit as they arrive, run on a replica, counted; and the two views every front end renders."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import socket
@@ -23,6 +24,7 @@ from ..models.loading import model_availability
 from ..records import (DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
                        ProgressCallback, ReplicaState, Request, Shape, no_progress)
 from .admission import Line, Ticket
+from .compile_times import CompileClock, CompileTimes, compile_kind
 from .ledger import CompiledShape, ShapeLedger
 from .residency import Residency
 from .stats import EngineStats, Kind, Outcome, outcome_of
@@ -97,6 +99,7 @@ class Engine:
         self.line = Line(settings.queue_size, settings.device_wait_s)
         self.artifacts = ArtifactStore.of(settings)
         self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
+        self.compile_times = CompileTimes(settings.cache_dir)
         self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
         self.supervisor = Supervisor(self.line, self.residency, self.stats)
         self._startup = Startup()
@@ -142,14 +145,16 @@ class Engine:
             return self._start_in_fleet(job, request, on_progress)
         candidates = self._candidates(request)
 
-        def image(member: Request) -> Callable[[Ticket, float], GenerateResult]:
+        def image(i: int, member: Request) -> Callable[[Ticket, float], GenerateResult]:
+            report = _of_image(i, on_progress)
+
             def run(devices: DeviceSet, started: float, queue_wait: float) -> GenerateResult:
-                return self._run(devices, member, on_progress, job.cancelled, False, started, queue_wait)
-            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, on_progress,
+                return self._run(devices, member, report, job.cancelled, False, started, queue_wait)
+            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, report,
                                                                    job.cancelled, run)
 
         return self._start(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
-                           [image(member) for member in request.members()],
+                           [image(i, member) for i, member in enumerate(request.members())],
                            lambda parts: GenerateResult.of_images(request, parts))
 
     def generate(self, request: GenerateParams | Request, on_progress: ProgressCallback = no_progress,
@@ -327,8 +332,8 @@ class Engine:
             self.stats.count(kind, Outcome.INVALID)
             raise InvalidRequest("device", str(request.devices), "none: on a Ray fleet, Ray Serve places the replicas")
         if bodies is None:
-            bodies = [lambda member=member: fleet.run(member, on_progress, job.cancelled)
-                      for member in request.members()]
+            bodies = [lambda i=i, member=member: fleet.run(member, _of_image(i, on_progress), job.cancelled)
+                      for i, member in enumerate(request.members())]
             combine = lambda parts: GenerateResult.of_images(request, parts)  # noqa: E731
         capacity = fleet.capacity(request.hardware)
         with self._fleet_lock:
@@ -430,8 +435,10 @@ class Engine:
         adapter = self.hardware.get(request.hardware)
         if visit.expect_compile:  # a compiler cache the shared store keeps in step (TPU): what other hosts compiled
             self.artifacts.sync_compiler_cache(adapter, push=False)
+        kind = compile_kind(key, request, adapter.detect().generation)
+        clock = CompileClock(on_progress, lambda: self.compile_times.estimate(kind))
         try:
-            out = loaded.run(request, visit.expect_compile, on_progress, cancelled)
+            out = loaded.run(request, visit.expect_compile, clock, cancelled)
         except AcceldemoError:
             self.ledger.abandoned(visit)
             raise
@@ -440,6 +447,10 @@ class Engine:
             self.ledger.failed(visit, what)
             log.exception("generation failed for %s at %s", key, request.shape)
             raise GenerationFailed(f"{key} failed at {request.shape}: {what}") from None
+        finally:
+            clock.stop()
+        if out.new_graphs and clock.measured is not None:
+            self.compile_times.record(kind, clock.measured)
         self.artifacts.record(out.package_events, out.store_problem)
         if out.new_graphs:
             self.artifacts.sync_compiler_cache(adapter, push=True)
@@ -449,6 +460,7 @@ class Engine:
             queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
             new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
             compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
+            preview_seconds=out.preview_seconds,
             unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
             node=self.node)
         self.stats.observe(result)
@@ -530,6 +542,13 @@ class Engine:
         return Snapshot(self.startup, depth, self.settings.queue_size, self.stats.snapshot(), tuple(devices),
                         tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile),
                         self.artifacts.store_report())
+
+
+def _of_image(image: int, on_progress: ProgressCallback) -> ProgressCallback:
+    """`on_progress` for one image of a request: its events say which image they are about."""
+    if image == 0:
+        return on_progress
+    return lambda event: on_progress(dataclasses.replace(event, image=image))
 
 
 def _sides(shape: object) -> tuple[int, int]:

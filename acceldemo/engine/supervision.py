@@ -32,6 +32,9 @@ class Replica:
     devices: DeviceSet
     state: ReplicaState = ReplicaState.IDLE
     compiling: Shape | None = None  # the shape it compiles, while it does
+    # While it compiles: seconds in, and the seconds a compile of this kind took here before (None: not known).
+    compile_elapsed: float = 0.0
+    compile_expected: float | None = None
     down: str = ""  # why it is out of service, while it is
     served: int = 0
     last_latency: float | None = None
@@ -43,6 +46,9 @@ class Replica:
         if self.state is ReplicaState.DOWN:
             return f"down: {self.down}"
         if self.state is ReplicaState.COMPILING and self.compiling is not None:
+            if self.compile_expected:
+                return (f"compiling {self.compiling} — {self.compile_elapsed:.0f} s of about "
+                        f"{self.compile_expected:.0f} s")
             return f"compiling {self.compiling}"
         return str(self.state)
 
@@ -82,8 +88,10 @@ class Supervisor:
                 replica = self._replicas.get(devices, Replica(devices))
                 if replica.state not in (ReplicaState.RESTARTING, ReplicaState.DOWN):
                     state = _PHASE_STATES.get(event.phase, ReplicaState.BUSY)
-                    self._replicas[devices] = replace(replica, state=state,
-                                                      compiling=shape if state is ReplicaState.COMPILING else None)
+                    compiling = state is ReplicaState.COMPILING
+                    self._replicas[devices] = replace(replica, state=state, compiling=shape if compiling else None,
+                                                      compile_elapsed=event.elapsed if compiling else 0.0,
+                                                      compile_expected=event.expected if compiling else None)
             on_progress(event)
         return progress
 

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
 from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode_note, offered_by
-from ..models.catalog import ModelSpec, get_model
+from ..models.catalog import QUALITIES, ModelSpec, get_model
 from ..records import DeviceSet, GenerateParams, Mode, Placement, Request, Shape
 
 MAX_PROMPT_CHARS = 2000
 MAX_IMAGES = 4
 MAX_GUIDANCE = 30.0
 MAX_SEED = 2**63 - 1
+# OpenAI's background values.
+BACKGROUNDS = ("transparent", "opaque", "auto")
 # What a request that names no mode gets.
 DEFAULT_MODE = Mode.EAGER
 # Room left for activations beside the weights when deciding what fits a device.
@@ -197,12 +199,31 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     # The last image's seed is seed + num_images - 1: every one of them must be a seed.
     top = MAX_SEED - num_images + 1
     seed = secrets.randbelow(top + 1) if _absent(params.seed) else _whole("seed", params.seed, 0, top)
+    quality = None if _absent(params.quality) else _one_of("quality", params.quality, QUALITIES)
+    check_background(spec, params.background)
+    steps = (spec.steps_for(quality) if quality else spec.steps) if _absent(params.steps) else params.steps
     return Request(
         prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size, shape=shape,
-        steps=_whole("steps", spec.steps if _absent(params.steps) else params.steps, 1, spec.max_steps),
+        steps=_whole("steps", steps, 1, spec.max_steps),
         guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
                          0.0, MAX_GUIDANCE),
-        seed=seed, num_images=num_images, devices=devices)
+        seed=seed, num_images=num_images, devices=devices, quality=quality, previews=bool(params.previews))
+
+
+def _one_of(field: str, value: object, known: tuple[str, ...]) -> str:
+    if value not in known:
+        raise UnknownName(field, value, known)
+    return value  # type: ignore[return-value]
+
+
+def check_background(spec: ModelSpec, background: object) -> None:
+    """OpenAI's background: opaque and auto always; transparent only where the model decodes an alpha channel."""
+    if _absent(background):
+        return
+    _one_of("background", background, BACKGROUNDS)
+    if background == "transparent" and not spec.alpha:
+        raise InvalidRequest("background", background, f"opaque or auto: {spec.name} draws no alpha channel (its "
+                                                       "VAE decodes RGB only)")
 
 
 def check_placement(spec: ModelSpec, hardware: Hardware, placement: Placement, tp_size: object,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware, HardwareRegistry
@@ -19,13 +20,15 @@ log = logging.getLogger("acceldemo.executor")
 class LocalPipeline:
     """A pipeline resident in this process."""
 
-    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe, hardware: Hardware, limits: dict[str, int]):
+    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe, hardware: Hardware, limits: dict[str, int],
+                 cache_dir: Path | None = None):
         self.key, self.spec, self.pipe, self.hardware, self.limits = key, spec, pipe, hardware, limits
+        self.cache_dir = cache_dir
 
     def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
         return run_pipeline(self.pipe, self.hardware, request, expect_compile, on_progress, cancelled,
-                            limits=self.limits)
+                            limits=self.limits, cache_dir=self.cache_dir)
 
     def close(self) -> None:
         self.pipe = None
@@ -54,7 +57,7 @@ class LocalExecutor:
         apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec.name,
                      hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
-        return LocalPipeline(key, spec, pipe, hardware, recompile_limits(self.settings))
+        return LocalPipeline(key, spec, pipe, hardware, recompile_limits(self.settings), self.settings.cache_dir)
 
     def close(self) -> None:
         """Nothing of its own to stop: its pipelines are closed one by one by whoever loaded them."""

@@ -6,12 +6,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
 from ..records import Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
 from .remote import STORE_EVENTS
+from .previews import PreviewMaker
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
 # contiguous input, later ones a strided slice).
@@ -162,21 +164,25 @@ class _CompileMeter:
 
 def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: bool, on_progress: ProgressCallback,
                  cancelled: Callable[[], bool] = lambda: False, output_type: str = "pil",
-                 limits: dict[str, int] | None = None) -> RunOutput:
+                 limits: dict[str, int] | None = None, cache_dir: Path | None = None) -> RunOutput:
     """One pipeline call with progress per phase; counts the graphs it compiled.
 
     `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly; `limits`:
-    dynamo's recompile limits for a compiled mode (`recompile_limits`).
+    dynamo's recompile limits for a compiled mode (`recompile_limits`); `cache_dir`: where a model's preview map
+    fitted here is kept (a request asking for previews gets one with its denoise steps).
     """
     import torch._dynamo
 
     steps = request.steps
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
+    previews = PreviewMaker(pipe, request.spec, request, cache_dir) if request.previews and cache_dir else None
 
     def on_step_end(pipeline, i, t, tensors):
         step_ends.append(time.perf_counter())
-        on_progress(Progress(Phase.DENOISE, f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started))
+        preview = previews.at_step(i + 1, tensors["latents"], step_ends[-1] - started) if previews else None
+        on_progress(Progress(Phase.DENOISE, f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started,
+                             preview=preview))
         if cancelled():
             pipeline._interrupt = True
         if i + 1 == steps:
@@ -203,4 +209,5 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
     return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
                      compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
+                     preview_seconds=previews.spent if previews else 0.0,
                      package_events=meter.package_events, store_problem=meter.store_problem)

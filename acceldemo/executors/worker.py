@@ -339,7 +339,8 @@ class Rank:
         pipe = self._pipeline(command.pipeline)
         progress = self.channel.progress if self.channel else no_progress
         out = run_pipeline(pipe, self.hardware, command.request, command.expect_compile, progress, self._cancelled,
-                           output_type=command.output_type, limits=recompile_limits(self.settings))
+                           output_type=command.output_type, limits=recompile_limits(self.settings),
+                           cache_dir=self.settings.cache_dir if self.rank == 0 else None)  # rank 0 reports
         if self.rank != 0:
             return None  # only rank 0 answers the app
         # Pixels as arrays: over a local socket a copy of the bytes costs less than a PNG's encode and decode.

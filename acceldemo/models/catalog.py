@@ -10,6 +10,11 @@ from .shapes import SIZES as SHAPES_SIZES
 from .shapes import phrasing as shapes_phrasing
 
 GB = 1000**3
+# OpenAI's quality names and the model preset each takes: gpt-image's low/medium/high (xhigh and max: the highest
+# a model has), DALL-E 3's standard and hd; "auto" is the model's default steps.
+QUALITY_PRESETS = {"low": "low", "medium": "medium", "standard": "medium", "high": "high", "hd": "high",
+                   "xhigh": "high", "max": "high"}
+QUALITIES = ("auto", *QUALITY_PRESETS)
 # The unknown words a note names before it says "and N more".
 NOTE_WORDS = 12
 
@@ -54,6 +59,10 @@ class ModelSpec:
     # for a person (what a "does not know" note ends with).
     vocabulary: tuple[str, ...] = ()
     vocabulary_summary: str = ""
+    # Denoise steps per quality preset (low, medium, high), what OpenAI's `quality` asks for.
+    quality_steps: dict[str, int] = field(default_factory=lambda: {"low": 2, "medium": 4, "high": 8})
+    # Whether its VAE decodes an alpha channel (OpenAI's background "transparent"); none of these does.
+    alpha: bool = False
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r})"
@@ -65,6 +74,10 @@ class ModelSpec:
     @property
     def largest_component_bytes(self) -> int:
         return max(self.component_bytes.values(), default=0)
+
+    def steps_for(self, quality: str) -> int:
+        """The steps of an OpenAI quality name (one of QUALITIES): its preset, or the model's default for auto."""
+        return self.steps if quality == "auto" else self.quality_steps[QUALITY_PRESETS[quality]]
 
     def unknown_words(self, prompt: str) -> tuple[str, ...]:
         """Words of `prompt` outside the model's vocabulary, lower-cased, in prompt order, each once."""
@@ -146,6 +159,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
         repo="stabilityai/stable-diffusion-3.5-medium", steps=40, guidance=4.5, cfg_above=1.0,
         packed_latents=False, max_side=1440, repeated_blocks=False,
+        quality_steps={"low": 20, "medium": 28, "high": 40},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 5 * GB, "text_encoder_3": 9_500_000_000, "text_encoder": GB // 4,
                          "text_encoder_2": 1_400_000_000, "vae": GB // 6},
@@ -153,6 +167,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
         repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
+        quality_steps={"low": 16, "medium": 28, "high": 50},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
         component_bytes={"transformer": 64 * GB, "text_encoder": 48 * GB, "vae": GB // 5},
         tp_components=("transformer", "text_encoder"), attention_heads=48,

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import logging
+import math
 import secrets
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, H
                       ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
 from ..models.catalog import CATALOG
 from ..records import GenerateParams, GenerateResult, Progress
+from ..records import Request as EngineRequest
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.api")
@@ -45,10 +47,20 @@ API_NAMES = {"resolution": "size", "width": "size", "height": "size", "steps": "
              "guidance": "guidance_scale", "num_images": "n"}
 
 
+# Our own stream event: each phase of each image as it advances (OpenAI's stream has partial and completed images).
+PROGRESS_EVENT = "acceldemo.progress"
+# OpenAI's completed event counts tokens of its own models; a diffusion pipeline here counts none.
+NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,
+            "total_tokens": 0}
+# Still image formats this server encodes (OpenAI's gif and svg outputs are not drawn by a diffusion pipeline).
+FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg"), "webp": ("WEBP", "image/webp")}
+
+
 class ImageGenerationRequest(BaseModel):
-    """POST /v1/images/generations: OpenAI's fields; the extensions SGLang-Diffusion and vLLM-Omni also take under
-    these names (seed, num_inference_steps, guidance_scale); and ours (hardware, mode, placement, tp_size). Types are
-    checked here, values by the engine, as for every front end."""
+    """POST /v1/images/generations: every field of OpenAI's `images.generate`; the extensions SGLang-Diffusion and
+    vLLM-Omni also take under these names (seed, num_inference_steps, guidance_scale); and ours (hardware, mode,
+    placement, tp_size). Types are checked here, values by the engine, as for every front end; what an OpenAI field
+    changes here, or why it changes nothing, is in each image's facts (`options`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,8 +72,26 @@ class ImageGenerationRequest(BaseModel):
     # WIDTHxHEIGHT; absent or "auto": the model's default size.
     size: str | None = None
     response_format: Literal["b64_json", "url"] = "b64_json"
-    # OpenAI's end-user id: accepted and ignored.
+    # low, medium, high (xhigh, max), standard, hd, auto: the model's steps preset (the engine checks the name).
+    quality: str | None = None
+    # DALL-E 3's vivid or natural: no model here has a style preset.
+    style: Literal["vivid", "natural"] | None = None
+    # transparent (only where the model draws alpha: the engine refuses it otherwise), opaque, auto.
+    background: str | None = None
+    moderation: Literal["low", "auto"] | None = None
+    output_format: Literal["png", "jpeg", "webp", "gif", "svg"] | None = None
+    # jpeg and webp's quality, 0-100 (OpenAI's default 100).
+    output_compression: int | None = Field(None, ge=0, le=100)
+    # Previews of the image as it forms, as stream events (0-3, as OpenAI).
+    partial_images: int | None = Field(None, ge=0, le=3)
+    complexity: Literal["low", "medium", "high"] | None = None
+    # GIF and SVG outputs' own fields: refused with their formats.
+    frame_count: int | None = None
+    frame_duration_ms: int | None = None
+    svg: dict | None = None
+    # OpenAI's end-user ids: accepted and ignored.
     user: str | None = None
+    safety_identifier: str | None = None
     # Server-sent events as the images advance (each phase, then each image) instead of one JSON answer.
     stream: bool = False
     seed: int | None = None
@@ -72,13 +102,77 @@ class ImageGenerationRequest(BaseModel):
     placement: str | None = None
     tp_size: int | None = None
 
+    @property
+    def format(self) -> str:
+        return self.output_format or "png"
+
+    @property
+    def partials(self) -> int:
+        """Partial images to send: asked for, and only in a stream (as OpenAI)."""
+        return (self.partial_images or 0) if self.stream else 0
+
     def params(self) -> GenerateParams:
         """The engine's raw request: a field left out keeps the engine's default (a seed left out is drawn at random,
-        as OpenAI's API gives other images for the same prompt each time; the facts say which)."""
+        as OpenAI's API gives other images for the same prompt each time; the facts say which). Fields no engine
+        value stands for are refused here by name."""
+        if self.output_format in ("gif", "svg"):
+            raise InvalidRequest("output_format", self.output_format, "png, jpeg or webp: a diffusion pipeline draws "
+                                                                      "one still raster image")
+        for name in ("frame_count", "frame_duration_ms", "svg"):
+            if getattr(self, name) is not None:
+                raise InvalidRequest(name, getattr(self, name), f"left out: it belongs to output_format "
+                                                                f"{'svg' if name == 'svg' else 'gif'}, which this "
+                                                                "server does not draw")
         return GenerateParams(
             prompt=self.prompt, model=self.model, hardware=self.hardware, mode=self.mode, placement=self.placement,
             tp_size=self.tp_size, resolution=None if self.size == "auto" else self.size,
-            steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n)
+            steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n,
+            quality=self.quality, background=self.background, previews=self.partials > 0)
+
+    def options(self, request: EngineRequest) -> dict[str, dict[str, str]]:
+        """What each OpenAI option given did here: `honoured` (and how), `ignored` (and why)."""
+        honoured, ignored = {}, {}
+        if self.quality is not None:
+            if self.num_inference_steps is not None:
+                ignored["quality"] = f"{self.quality}: num_inference_steps={self.num_inference_steps} was given"
+            else:
+                honoured["quality"] = f"{self.quality}: {request.steps} steps ({request.model}'s preset)"
+        if self.output_format is not None:
+            honoured["output_format"] = self.output_format
+        if self.output_compression is not None:
+            if self.format == "png":
+                ignored["output_compression"] = f"{self.output_compression}: png is lossless"
+            else:
+                honoured["output_compression"] = f"{self.output_compression}: {self.format} quality"
+        if self.background is not None:
+            honoured["background"] = f"{self.background}: {request.model} draws opaque images"
+        if self.partial_images is not None:
+            if self.stream:
+                honoured["partial_images"] = f"{self.partial_images}: previews decoded from the latents"
+            else:
+                ignored["partial_images"] = f"{self.partial_images}: partial images come only with stream=true"
+        for name, why in (("style", "no model here has a style preset"),
+                          ("moderation", "this server moderates nothing"),
+                          ("complexity", "no model here plans before it draws"),
+                          ("user", "end-user ids are not kept"), ("safety_identifier", "end-user ids are not kept")):
+            if getattr(self, name) is not None:
+                ignored[name] = f"{getattr(self, name)}: {why}"
+        return {"honoured": honoured, "ignored": ignored}
+
+
+def partial_steps(total: int, wanted: int) -> list[int]:
+    """The denoise steps whose previews become OpenAI's partial images: `wanted` of them spread evenly over the
+    steps, before the last (fewer when there are fewer steps: OpenAI may also send fewer than asked)."""
+    return sorted({max(1, math.ceil(k * total / (wanted + 1))) for k in range(1, wanted + 1)})
+
+
+def encode(image, output_format: str, compression: int | None = None) -> bytes:
+    """The image in one of FORMATS; jpeg and webp at quality `compression` (OpenAI's default 100)."""
+    out = io.BytesIO()
+    pil_format, _ = FORMATS[output_format]
+    lossy = {} if output_format == "png" else {"quality": 100 if compression is None else compression}
+    image.convert("RGB").save(out, format=pil_format, **lossy)
+    return out.getvalue()
 
 
 class ApiError(Exception):
@@ -153,38 +247,39 @@ def _body_problem(error: ValidationError) -> tuple[str | None, str]:
     return param, str(InvalidRequest(param, problem["input"], problem["msg"][0].lower() + problem["msg"][1:]))
 
 
-def png(image) -> bytes:
-    out = io.BytesIO()
-    image.save(out, format="png")
-    return out.getvalue()
-
-
 class ImageStore:
-    """The PNGs answered as URLs: files in a private (0700) folder of this app, each served for `ttl_s` seconds under
-    a random 128-bit id; expired ones are deleted as the store is used, the folder when the app ends."""
+    """The images answered as URLs: files in a private (0700) folder of this app, each served for `ttl_s` seconds
+    under a random 128-bit id; expired ones are deleted as the store is used, the folder when the app ends."""
 
     def __init__(self, ttl_s: float = IMAGE_TTL_S, parent: str | None = None):
         self.ttl_s = ttl_s
         self.folder = Path(tempfile.mkdtemp(prefix="v1-images-", dir=parent))
-        self._expiry: dict[str, float] = {}  # in the order they were added, so also the order they expire
+        # id -> (expiry, format), in the order they were added, so also the order they expire
+        self._kept: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
-    def put(self, data: bytes) -> str:
+    def put(self, data: bytes, output_format: str = "png") -> str:
         key = secrets.token_urlsafe(16)
-        (self.folder / f"{key}.png").write_bytes(data)
+        (self.folder / f"{key}.{output_format}").write_bytes(data)
         with self._lock:
             self._purge()
-            self._expiry[key] = time.monotonic() + self.ttl_s
+            self._kept[key] = (time.monotonic() + self.ttl_s, output_format)
         return key
 
     def get(self, key: str) -> bytes | None:
-        """The image's PNG while it is served; None for an unknown or expired id."""
+        """The image's bytes while it is served; None for an unknown or expired id."""
+        found = self.find(key)
+        return found[0] if found else None
+
+    def find(self, key: str) -> tuple[bytes, str] | None:
+        """The image's bytes and format while it is served; None for an unknown or expired id."""
         with self._lock:
             self._purge()
-            if key not in self._expiry:
+            if key not in self._kept:
                 return None
+            output_format = self._kept[key][1]
         try:
-            return (self.folder / f"{key}.png").read_bytes()
+            return (self.folder / f"{key}.{output_format}").read_bytes(), output_format
         except FileNotFoundError:  # expired and deleted by another request in between
             return None
 
@@ -193,12 +288,12 @@ class ImageStore:
 
     def _purge(self) -> None:
         now = time.monotonic()
-        while self._expiry:
-            key, expiry = next(iter(self._expiry.items()))
+        while self._kept:
+            key, (expiry, output_format) = next(iter(self._kept.items()))
             if expiry > now:
                 return
-            del self._expiry[key]
-            (self.folder / f"{key}.png").unlink(missing_ok=True)
+            del self._kept[key]
+            (self.folder / f"{key}.{output_format}").unlink(missing_ok=True)
 
 
 def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = ()) -> APIRouter:
@@ -210,15 +305,20 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
     router = APIRouter(prefix=PREFIX, dependencies=list(dependencies))
     listed_since = int(time.time())
 
-    def image_data(request: Request, response_format: str, image: str) -> dict:
-        """One image as OpenAI's data item: base64 PNG, or the absolute URL where this app serves it."""
-        link = str(request.url_for("openai_image", image_id=image)) if response_format == "url" else image
-        return {response_format: link, "revised_prompt": None}
+    def image_data(request: Request, asked: ImageGenerationRequest, image: str) -> dict:
+        """One image as OpenAI's data item: base64 bytes in the asked format, or the absolute URL of this app's copy."""
+        link = str(request.url_for("openai_image", image_id=image)) if asked.response_format == "url" else image
+        return {asked.response_format: link, "revised_prompt": None}
 
-    def encoded(result: GenerateResult, as_url: bool) -> list[str]:
-        """Each image of the result: its id in the store (answered as a URL), or its base64 PNG."""
-        pngs = [png(image) for image in result.images]
-        return [images.put(data) for data in pngs] if as_url else [base64.b64encode(data).decode() for data in pngs]
+    def encoded(result: GenerateResult, asked: ImageGenerationRequest) -> list[str]:
+        """Each image of the result in the asked format: its id in the store (answered as a URL), or base64."""
+        made = [encode(image, asked.format, asked.output_compression) for image in result.images]
+        if asked.response_format == "url":
+            return [images.put(data, asked.format) for data in made]
+        return [base64.b64encode(data).decode() for data in made]
+
+    def facts(result: GenerateResult, asked: ImageGenerationRequest, image: int) -> dict:
+        return {**result.facts(image), "options": asked.options(result.request)}
 
     @router.post("/images/generations")
     async def generations(request: Request) -> Response:
@@ -231,15 +331,16 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
             checked = engine.check(asked.params())
             job = WatchedJob(lambda report: engine.submit(checked, report))
             if asked.stream:
-                return stream(job, asked.response_format, request)
+                return stream(job, asked, request)
             result = await finished(job, request)
         except Exception as error:
             return api_error(error).response()
-        made = await run_in_threadpool(encoded, result, asked.response_format == "url")
-        return JSONResponse({"created": int(time.time()), "output_format": "png",
-                             "data": [image_data(request, asked.response_format, image) for image in made],
+        made = await run_in_threadpool(encoded, result, asked)
+        return JSONResponse({"created": int(time.time()), "output_format": asked.format,
+                             "background": "opaque", "quality": asked.quality or "auto",
+                             "data": [image_data(request, asked, image) for image in made],
                              "size": str(result.request.shape),
-                             "acceldemo": [result.facts(i) for i in range(len(made))]},
+                             "acceldemo": [facts(result, asked, i) for i in range(len(made))]},
                             headers=_fact_headers(result))
 
     async def finished(job: WatchedJob, client: Request) -> GenerateResult:
@@ -249,50 +350,75 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
                 job.cancel()
         return await job.result()
 
-    def stream(job: WatchedJob, response_format: str, client: Request) -> StreamingResponse:
-        """Server-sent events as the images advance: one per phase (in line, loading, compiling WxH, denoise step
-        i/n, decoding), then each image. A request refused (invalid, line full) was answered with its error status
-        before the stream starts; after it, a failure is an `error` event, which ends the stream."""
+    def stream(job: WatchedJob, asked: ImageGenerationRequest, client: Request) -> StreamingResponse:
+        """Server-sent events as the images advance: ours per phase (in line, loading, compiling WxH, denoise step
+        i/n, decoding), OpenAI's `image_generation.partial_image` for the previews asked for (`partial_images`), then
+        OpenAI's `image_generation.completed` for each image. A request refused (invalid, line full) was answered
+        with its error status before the stream starts; after it, a failure is an `error` event, which ends it."""
+        request = job.job.request
+        wanted = partial_steps(request.steps, asked.partials)
+        sent: dict[int, int] = {}  # partial images sent, per image of the request
+        shown = {"background": "opaque", "output_format": asked.format, "quality": asked.quality or "auto",
+                 "size": str(request.shape)}
+
         def event(name: str, data: dict) -> str:
             return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
         def progress(value: Progress) -> str:
-            return event("image_generation.progress", {
-                "type": "image_generation.progress", "index": 0, "phase": str(value.phase), "message": value.message,
-                "step": value.step, "total": value.total, "elapsed": round(value.elapsed, 4)})
+            return event(PROGRESS_EVENT, {
+                "type": PROGRESS_EVENT, "index": value.image, "phase": str(value.phase), "message": value.message,
+                "step": value.step, "total": value.total, "elapsed": round(value.elapsed, 4),
+                "expected": None if value.expected is None else round(value.expected, 1),
+                "preview": value.preview is not None})
 
-        async def sent() -> AsyncIterator[str]:
+        def partial(value: Progress) -> str | None:
+            """OpenAI's partial image for a preview at one of the `wanted` steps (or the first after it)."""
+            count = sent.get(value.image, 0)
+            if value.preview is None or count >= len(wanted) or value.preview.step < wanted[count]:
+                return None
+            sent[value.image] = count + sum(1 for step in wanted[count:] if step <= value.preview.step)
+            data = encode(value.preview.image(), asked.format, asked.output_compression)
+            return event("image_generation.partial_image", {
+                "type": "image_generation.partial_image", "b64_json": base64.b64encode(data).decode(),
+                "partial_image_index": count, "created_at": int(time.time()), **shown, "index": value.image})
+
+        async def sent_events() -> AsyncIterator[str]:
             try:
                 async for value in job.events(DISCONNECT_POLL_S):
-                    if value is not None:
-                        yield progress(value)
-                    elif await client.is_disconnected():
-                        job.cancel()
+                    if value is None:
+                        if await client.is_disconnected():
+                            job.cancel()
+                        continue
+                    yield progress(value)
+                    if value.preview is not None and wanted:
+                        picture = await run_in_threadpool(partial, value)
+                        if picture:
+                            yield picture
                 try:
                     result = await job.result()
                 except Exception as error:
                     yield event("error", api_error(error).body())
                     return
-                made = await run_in_threadpool(encoded, result, response_format == "url")
+                made = await run_in_threadpool(encoded, result, asked)
                 for i, image in enumerate(made):
                     yield event("image_generation.completed", {
-                        "type": "image_generation.completed", "index": i,
-                        **image_data(client, response_format, image), "created_at": int(time.time()),
-                        "size": str(result.request.shape), "output_format": "png", "background": "opaque",
-                        "quality": "auto", "acceldemo": result.facts(i)})
+                        "type": "image_generation.completed", **image_data(client, asked, image),
+                        "created_at": int(time.time()), **shown, "usage": NO_USAGE, "index": i,
+                        "acceldemo": facts(result, asked, i)})
             finally:  # also when the client went away and the server stopped sending
                 job.cancel()
 
-        return StreamingResponse(sent(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(sent_events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @router.get("/images/{image_id}", name="openai_image")
     def image(image_id: str) -> Response:
-        data = images.get(image_id)
-        if data is None:
+        found = images.find(image_id)
+        if found is None:
             return ApiError(404, f"no image {image_id!r}: images are served for {IMAGE_TTL_S // 60} minutes after "
                                  "they are made, and not after the app restarts", "invalid_request_error",
                             "image_not_found", "image_id").response()
-        return Response(data, media_type="image/png")
+        data, output_format = found
+        return Response(data, media_type=FORMATS[output_format][1])
 
     @router.get("/models")
     def models() -> dict:

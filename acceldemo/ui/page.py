@@ -38,18 +38,27 @@ def series_colors() -> dict[str, str]:
             for kind, color in zip(("first call", "warm"), _PALETTE[i % len(_PALETTE)])}
 
 
-def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed) -> GenerateParams:
+def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+            previews: bool = False) -> GenerateParams:
     """The page's values as the engine's raw request (the placement "auto" is the engine's own proposal)."""
     placement = None if placement in (None, AUTO) else placement
     return GenerateParams(prompt=prompt, model=model, hardware=hardware, mode=mode, placement=placement,
                           tp_size=tp_size if placement == Placement.TP else None, resolution=resolution, steps=steps,
-                          guidance=guidance, seed=seed)
+                          guidance=guidance, seed=seed, previews=previews)
+
+
+# The picture fills its frame whatever its size, scaled up without smoothing: a 64x64 image is 384 px of sharp
+# blocks, not 64 screen pixels in an empty box (and not a blur).
+CSS = """
+#image img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
+"""
 
 
 def _show(progress: gr.Progress, event: Progress) -> None:
-    # Gradio hides the text with the bar when the fraction is None, so phases without steps show 0.
-    fraction = event.step / event.total if event.step and event.total else 0.0
-    progress(fraction, desc=event.message if event.phase is not Phase.DENOISE else f"denoise {event.message}")
+    # Gradio hides the text with the bar when the fraction is None, so phases without steps show 0; a compile whose
+    # kind was timed here before advances by elapsed ÷ expected.
+    progress(event.fraction or 0.0,
+             desc=event.message if event.phase is not Phase.DENOISE else f"denoise {event.message}")
 
 
 def image_file(image, folder: Path) -> str:
@@ -217,18 +226,23 @@ def build_page(engine: Engine) -> gr.Blocks:
 
     async def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
                        session: gr.Request, progress=gr.Progress()):
+        """The image forming in place: each preview as it comes (of the first image), then the image and its facts."""
         try:
             request = engine.check(_params(prompt, model, hardware, mode, placement, tp_size, resolution, steps,
-                                           guidance, seed))
+                                           guidance, seed, previews=True))
             job = running[session.session_hash] = WatchedJob(lambda report: engine.submit(request, report))
             try:
-                result = await follow(job, progress)
+                async for event in job.events():
+                    _show(progress, event)
+                    if event.preview is not None and event.image == 0:
+                        yield image_file(event.preview.image(), outputs), gr.skip(), gr.skip()
+                result = await job.result()
             finally:
                 job.cancel()  # a no-op once it ended; stops it when the page went away or Stop cancelled the event
                 running.pop(session.session_hash, None)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        return image_file(result.image, outputs), describe_result(result), result.facts()
+        yield image_file(result.image, outputs), describe_result(result), result.facts()
 
     def stop_job(session: gr.Request) -> str:
         job = running.get(session.session_hash)

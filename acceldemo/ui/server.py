@@ -22,7 +22,7 @@ from ..engine import Engine, as_json, parse_resolution
 from ..errors import AcceldemoError
 from ..records import Shape
 from .openai_api import ImageStore, openai_http_error, openai_router
-from .page import build_page
+from .page import CSS, build_page
 
 log = logging.getLogger("acceldemo.server")
 
@@ -104,7 +104,7 @@ def create_app(engine: Engine, warmup: tuple[str, list[Shape]] | None = None, mo
     # into the engine's line before anything waits (or shows the engine's refusal), so the line is the only place a
     # request waits and its limit holds for every front end.
     page.queue(max_size=None, default_concurrency_limit=None)
-    return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth)
+    return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth, css=CSS)
 
 
 def main(argv: list[str] | None = None) -> None:
