@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     warmup = commands.add_parser("warmup", help="compile shapes ahead of requests and report their cost")
     _request_args(warmup)
-    warmup.add_argument("--json", action="store_true", help="one JSON line per shape on stdout")
+    warmup.add_argument("--batch", type=int, action="append", dest="batches", metavar="N",
+                        help="also compile calls drawing N requests together (a compiled mode's bucket, e.g. --batch 2 "
+                             "--batch 4); repeat for several (default: 1)")
+    warmup.add_argument("--json", action="store_true", help="one JSON line per shape and batch on stdout")
 
     cache = commands.add_parser("cache", help="list the precompiled packages; --prune removes the unusable ones")
     cache.add_argument("--prune", action="store_true",
@@ -177,11 +180,12 @@ def cmd_cache(args, settings: Settings) -> int:
 
 
 def cmd_warmup(args, engine) -> int:
-    for record in engine.warm_up(_params(args)[0], args.sizes, TerminalProgress()):
-        facts = {"shape": str(record.shape), "state": record.state, "graphs": record.graphs,
+    for record in engine.warm_up(_params(args)[0], args.sizes, TerminalProgress(), args.batches or (1,)):
+        facts = {"shape": str(record.shape), "batch": record.batch, "state": record.state, "graphs": record.graphs,
                  "compile_seconds": round(record.compile_seconds, 3), "first_call_seconds": record.first_call_seconds}
+        batch = f" ×{record.batch}" if record.batch > 1 else ""
         print(json.dumps(facts) if args.json else
-              f"{record.shape}: {record.state}, {record.graphs} graphs, compile {record.compile_seconds:.2f} s")
+              f"{record.shape}{batch}: {record.state}, {record.graphs} graphs, compile {record.compile_seconds:.2f} s")
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..engine import Description, Engine, Offer, Snapshot, as_json
+from ..engine import Description, Engine, Offer, Snapshot, as_json, together
 from ..errors import AcceldemoError
 from ..hardware import all_modes
 from ..records import GenerateParams, GenerateResult, Phase, Placement, Progress
@@ -21,7 +21,7 @@ from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
-STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
+STATUS_COLUMNS = ["pipeline", "resident", "shape", "batch", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
 REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
@@ -81,6 +81,7 @@ def describe_result(result: GenerateResult) -> str:
             f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
             f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}"
+            + (f" · {together(result.batch - 1)}" if result.batch > 1 else "")
             + (f"  \n**{result.note}**" if result.note else ""))
 
 
@@ -97,7 +98,7 @@ def status_rows(snapshot: Snapshot) -> pd.DataFrame:
     rows = []
     for p in snapshot.pipelines:
         for s in p.shapes:
-            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), str(s.state),
+            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), s.batch, str(s.state),
                          round(s.compile_seconds, 2), s.graphs, s.hits,
                          None if s.first_call_seconds is None else round(s.first_call_seconds, 3),
                          None if s.last_latency is None else round(s.last_latency, 3), s.reason])
@@ -117,10 +118,10 @@ def replica_rows(snapshot: Snapshot) -> pd.DataFrame:
 
 
 def latency_points(snapshot: Snapshot) -> list[tuple[str, str, float]]:
-    """(shape, series, seconds) of every first call and last warm call measured, for the chart."""
+    """(shape, series, seconds) of every first call and last warm call of one image measured, for the chart."""
     points = []
     for p in snapshot.pipelines:
-        for s in p.shapes:
+        for s in (s for s in p.shapes if s.batch == 1):
             if s.first_call_seconds is not None:
                 points.append((str(s.shape), f"{p.key.mode} first call", s.first_call_seconds))
             if s.last_latency is not None:
@@ -239,8 +240,10 @@ def build_page(engine: Engine) -> gr.Blocks:
     def refresh_status(drawn):
         """The panels; the chart is drawn again only when its points changed since this page last drew it."""
         snapshot = engine.snapshot()
+        counters = snapshot.counters
         line = (f"Line: {snapshot.queue_depth} waiting (limit {snapshot.queue_limit}) · requests "
-                + ", ".join(f"{outcome} {count}" for outcome, count in snapshot.counters.requests.items()))
+                + ", ".join(f"{outcome} {count}" for outcome, count in counters.requests.items())
+                + f" · {counters.drawn} image(s) drawn in {counters.calls} pipeline call(s)")
         points = latency_points(snapshot)
         chart_update = gr.skip() if drawn == points else latency_chart(points)
         return status_rows(snapshot), replica_rows(snapshot), chart_update, \
