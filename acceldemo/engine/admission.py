@@ -55,6 +55,13 @@ class Ticket:
     def devices(self) -> set[tuple[str, int]]:
         return {(c.hardware, i) for c in self.candidates for i in c.indices}
 
+    def deliver(self, outcome: object) -> None:
+        """A rider's result from the call it was drawn in: its own image's, or the exception it ends with."""
+        if isinstance(outcome, BaseException):
+            self.outcome.set_exception(outcome)
+        else:
+            self.outcome.set_result(outcome)
+
     def where(self) -> str:
         if len(self.candidates) <= 3:
             return " or ".join(map(str, self.candidates))

@@ -212,13 +212,15 @@ class Engine:
                 on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> list[CompiledShape]:
         return self.submit_warm_up(params, shapes, on_progress, batches).result()
 
-    def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None) -> None:
+    def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None,
+                      batches: Iterable[int] = (1,)) -> None:
         """The start-up warm-up (`--warmup`), in the background; `startup` says how it goes, and turns ready when it
         ends or has run past ACCELDEMO_WARMUP_TIMEOUT_S (it goes on: a compile cannot be interrupted)."""
         with self._startup_lock:
             self._startup = Startup(StartupState.WARMING, f"{', '.join(map(str, shapes))} ({mode})")
         try:
-            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes)
+            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes,
+                                      batches=batches)
         except AcceldemoError as error:
             self._set_startup(Startup(StartupState.FAILED, str(error)))
             return
@@ -232,7 +234,8 @@ class Engine:
     def _warmed_up(self, future: Future) -> None:
         try:
             records = future.result()
-            self._set_startup(Startup(StartupState.DONE, ", ".join(f"{r.shape} {r.state}" for r in records)))
+            self._set_startup(Startup(StartupState.DONE, ", ".join(
+                f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} {r.state}" for r in records)))
         except Exception as error:  # every failure ends the warm-up, and the app serves anyway
             self._set_startup(Startup(StartupState.FAILED, str(error)))
 
@@ -429,10 +432,7 @@ class Engine:
         except BaseException as error:  # the call as a whole failed (or its replica was lost): so did every image
             outcomes = [error] * len(members)
         for rider, outcome in zip(riders, outcomes[1:]):
-            if isinstance(outcome, BaseException):
-                rider.outcome.set_exception(outcome)
-            else:
-                rider.outcome.set_result(outcome)
+            rider.deliver(outcome)
         if isinstance(outcomes[0], BaseException):
             raise outcomes[0]
         return outcomes[0]

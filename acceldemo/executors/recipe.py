@@ -209,6 +209,6 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
         hardware.synchronize()
     seconds = time.perf_counter() - started
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
-    return RunOutput(images=list(images[:batch.images]), seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
-                     compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
+    return RunOutput(images=list(images[:batch.images]), seconds=seconds, new_graphs=meter.graphs,
+                     compile_seconds=meter.seconds, compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
                      package_events=meter.package_events)
