@@ -107,7 +107,8 @@ def cmd_info(args, engine) -> int:
               f"default {m.default_size}, presets {' '.join(map(str, m.presets))}")
         for offer in m.offers:
             refused = [f"{o.name} ({o.reason})" for o in offer.modes if not o.ok]
-            print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason})"
+            print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason}; "
+                  f"up to {offer.proposal.batch} requests per call)"
                   + (f"; not: {'; '.join(refused)}" if refused else ""))
     packages = description.precompiled
     print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "

@@ -188,3 +188,15 @@ def test_a_batch_wait_holds_a_free_device_open_for_requests_that_arrive_meanwhil
     jobs = [m.submit(m.check(params(0)))]
     jobs.append(m.submit(m.check(params(1))))
     assert [job.result(120).batch for job in jobs] == [2, 2] and [len(c) for c in calls] == [2]
+
+
+def test_the_placement_proposal_caps_a_call_at_what_fits_beside_the_weights():
+    from acceldemo.engine.validation import batch_fit, propose_placement
+
+    klein, dev = get_model("flux2-klein-4b"), get_model("flux2-dev")
+    core = Availability(True, "8 NeuronCores", 8, 24 * GiB)
+    assert propose_placement(klein, core).batch == 3  # 16 GB of weights leave room for 3 images at 1024x1024
+    assert batch_fit(klein, 24 * GiB, Placement.DEVICE, 1, Shape(512, 512)) == 4  # the model's own cap
+    assert propose_placement(klein, Availability(True, "1 x H200", 1, 141 * GiB)).batch == 4
+    assert propose_placement(dev, Availability(True, "8 x H200", 8, 141 * GiB)).batch == 1
+    assert propose_placement(klein, core, max_batch=2).batch == 2

@@ -524,7 +524,7 @@ class Engine:
         found = adapter.detect()
         if not found.available:
             return Offer(spec.name, adapter.name, False, found.reason, None, (), ())
-        proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes())
+        proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes(), self.settings.max_batch)
         return Offer(spec.name, adapter.name, True, found.reason, proposal,
                      tuple(mode_options(spec, adapter, placement)),
                      tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)))

@@ -73,15 +73,16 @@ def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size:
     return max(1, min(spec.max_batch, int((memory_bytes - held) // per_image)))
 
 
-def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> PlacementProposal:
+def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None,
+                      max_batch: int | None = None) -> PlacementProposal:
     """Where the model should go on this hardware, from its weight sizes and the device memory, and how many requests
-    one call may draw together there at the model's default shape.
+    one call may draw together there at the model's default shape (`max_batch`: the operator's, which wins).
 
     sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
     """
     proposal = _placement(spec, found, sizes)
-    return dataclasses.replace(proposal, batch=batch_fit(spec, found.memory_bytes, proposal.placement,
-                                                         proposal.tp_size, spec.default_shape))
+    return dataclasses.replace(proposal, batch=max_batch or batch_fit(spec, found.memory_bytes, proposal.placement,
+                                                                      proposal.tp_size, spec.default_shape))
 
 
 def _placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None) -> PlacementProposal:

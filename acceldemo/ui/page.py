@@ -170,7 +170,8 @@ def option_notes(offer: Offer) -> str:
     lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}" for o in offer.modes]
     return "\n".join([f"**Proposed placement:** `{proposal.placement}`"
                       + (f" × {proposal.tp_size}" if proposal.placement is Placement.TP else "")
-                      + f" — {proposal.reason}", *lines])
+                      + f" — {proposal.reason}; up to {proposal.batch} waiting request(s) drawn together per call",
+                      *lines])
 
 
 def tp_size_choices(offer: Offer) -> dict:
