@@ -17,6 +17,7 @@ from ..engine import Description, Engine, Offer, Snapshot, as_json, together
 from ..errors import AcceldemoError
 from ..hardware import all_modes
 from ..records import GenerateParams, GenerateResult, Phase, Placement, Progress
+from ..executors.recipe import BUCKETS
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -228,15 +229,18 @@ def build_page(engine: Engine) -> gr.Blocks:
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
         return STOPPED
 
-    async def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
+    async def warm_up(shapes, model, hardware, mode, placement, tp_size, batches=("1",), progress=gr.Progress()):
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
         params = _params("warm-up", model, hardware, mode, placement, tp_size, None, None, None, None)
+        sizes = [int(b) for b in batches or ("1",) if str(b).isdigit()]
         try:
-            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report)), progress)
+            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report, sizes)),
+                                   progress)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        return "Warmed: " + ", ".join(f"{r.shape} ({r.state}, {r.compile_seconds:.2f} s compile)" for r in records)
+        return "Warmed: " + ", ".join(f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} ({r.state}, "
+                                      f"{r.compile_seconds:.2f} s compile)" for r in records)
 
     def refresh_status(drawn):
         """The panels; the chart is drawn again only when its points changed since this page last drew it."""
@@ -320,6 +324,8 @@ def build_page(engine: Engine) -> gr.Blocks:
         with gr.Accordion("Warm-up", open=False):
             warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)],
                                            label="Shapes to compile")
+            warm_batches = gr.CheckboxGroup([str(b) for b in BUCKETS], value=["1"],
+                                            label="Batch sizes (waiting requests drawn together in one call)")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
         gr.Markdown("## Replicas")
@@ -334,7 +340,7 @@ def build_page(engine: Engine) -> gr.Blocks:
         generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
                                concurrency_id="device")
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
-        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
+        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size, warm_batches], warm_result,
                           api_name="warm_up", concurrency_id="device")
         drawn = gr.State(None)  # the chart's points as this page last drew them
         panels = [table, replicas_table, chart, startup_text, drawn]
