@@ -243,7 +243,7 @@ def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_
             time.sleep(0.1)
         return answer.json()
 
-    with TestClient(create_app(m, warmup=("eager", [Shape(64, 64)]))) as client:
+    with TestClient(create_app(m, warmup=("eager", [Shape(64, 64)], (1,)))) as client:
         assert client.get("/ready").status_code == 503
         waited = ready_when(lambda answer: answer.status_code == 200)
         assert waited == {"ready": True, "warmup": "warming 64x64 (eager); still going after 2 s "
