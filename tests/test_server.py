@@ -55,11 +55,11 @@ def test_a_shape_warmed_at_start_is_warm_and_a_repeat_is_warm(client):
 
 
 def test_warm_up_through_the_api_takes_batch_buckets(client):
-    answer = client.predict(["80x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2, ["1", "2"],
+    answer = client.predict(["128x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2, ["1", "2"],
                             api_name="/warm_up")
-    assert answer.startswith("Warmed: 80x64 (ready") and "80x64 ×2 (ready" in answer
-    assert client.predict(["80x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2,
-                          api_name="/warm_up").startswith("Warmed: 80x64 (ready")  # batch sizes are optional
+    assert answer.startswith("Warmed: 128x64 (ready") and "128x64 ×2 (ready" in answer
+    assert client.predict(["128x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2,
+                          api_name="/warm_up").startswith("Warmed: 128x64 (ready")  # batch sizes are optional
 
 
 def test_an_invalid_request_gets_the_engine_message(client):
