@@ -51,7 +51,10 @@ def test_smoke_bench_reports_every_asked_section(smoke_report):
     keys = {figure["key"] for figure in report["figures"]}
     assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
             "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_v1_p50_1_client",
-            "serving_errors", "replicas_throughput", "replicas_p50", "replicas_compile_once", "replicas_errors"} <= keys
+            "serving_errors", "replicas_throughput", "replicas_p50", "replicas_compile_once", "replicas_errors",
+            "batching_throughput_tiny-shapes 64x64 eager", "batching_p99_tiny-shapes 64x64 compiled",
+            "batching_lone_client", "batching_errors"} <= keys
+    assert next(f for f in report["figures"] if f["key"] == "batching_errors")["value"]["high"] == 0
 
 
 @pytest.mark.slow
