@@ -86,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     warmup = commands.add_parser("warmup", help="compile shapes ahead of requests and report their cost")
     _request_args(warmup)
-    warmup.add_argument("--json", action="store_true", help="one JSON line per shape on stdout")
+    warmup.add_argument("--batch", type=int, action="append", dest="batches", metavar="N",
+                        help="also compile calls drawing N requests together (a compiled mode's bucket, e.g. --batch 2 "
+                             "--batch 4); repeat for several (default: 1)")
+    warmup.add_argument("--json", action="store_true", help="one JSON line per shape and batch on stdout")
     warmup.add_argument("--push", action="store_true",
                         help="publish the compiled packages to the shared artifact store (--artifacts), also those "
                              "that were already in the local cache, so serving hosts never compile them")
@@ -133,7 +136,8 @@ def cmd_info(args, engine) -> int:
               f"default {m.default_size}, presets {' '.join(map(str, m.presets))}")
         for offer in m.offers:
             refused = [f"{o.name} ({o.reason})" for o in offer.modes if not o.ok]
-            print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason})"
+            print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason}; "
+                  f"up to {offer.proposal.batch} requests per call)"
                   + (f"; not: {'; '.join(refused)}" if refused else ""))
     packages = description.precompiled
     print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "
@@ -254,12 +258,13 @@ def cmd_warmup(args, engine) -> int:
     if args.push and engine.artifacts.remote is None:
         raise InvalidRequest("push", True, "a shared artifact store to publish to: --artifacts URL or "
                                            "ACCELDEMO_ARTIFACTS")
-    records = engine.warm_up(_params(args)[0], args.sizes, TerminalProgress())
+    records = engine.warm_up(_params(args)[0], args.sizes, TerminalProgress(), args.batches or (1,))
     for record in records:
-        facts = {"shape": str(record.shape), "state": record.state, "graphs": record.graphs,
+        facts = {"shape": str(record.shape), "batch": record.batch, "state": record.state, "graphs": record.graphs,
                  "compile_seconds": round(record.compile_seconds, 3), "first_call_seconds": record.first_call_seconds}
+        batch = f" ×{record.batch}" if record.batch > 1 else ""
         print(json.dumps(facts) if args.json else
-              f"{record.shape}: {record.state}, {record.graphs} graphs, compile {record.compile_seconds:.2f} s")
+              f"{record.shape}{batch}: {record.state}, {record.graphs} graphs, compile {record.compile_seconds:.2f} s")
     if args.push:
         # Packages built just now are published already; this adds those the local cache held before.
         asked = engine.check(_params(args)[0])

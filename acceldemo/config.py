@@ -14,6 +14,8 @@ from pathlib import Path
 POOL_SECRET_VARIABLE = "ACCELDEMO_POOL_AUTHKEY"
 POOL_APP_PID_VARIABLE = "ACCELDEMO_POOL_APP_PID"
 POOL_SETTINGS_VARIABLE = "ACCELDEMO_POOL_SETTINGS"
+# The most requests one pipeline call may take, whatever an operator sets (ACCELDEMO_MAX_BATCH).
+MAX_BATCH = 16
 _MEMORY_VARIABLE = re.compile(r"^ACCELDEMO_([A-Z0-9]+)_MEMORY_GB$")
 
 
@@ -37,6 +39,12 @@ class Settings:
     device_wait_s: float = 600.0
     # Requests waiting in the engine's line (every front end's); one more is refused at once with QueueFull.
     queue_size: int = 64
+    # Requests that share one pipeline call at most (same pipeline, shape, steps, guidance); None: what the model's
+    # catalog entry and the device's memory allow; 1 turns batching off.
+    max_batch: int | None = None
+    # How long a call that could take more requests waits for them once its device is free; 0: it takes only those
+    # already waiting (a lone request is never held back).
+    batch_wait_ms: float = 0.0
     # Longest one worker-pool command (start, load, request) may take before the pool counts as hung and is stopped;
     # the ranks' own process-group timeout is the same number.
     pool_timeout_s: float = 1800.0
@@ -100,6 +108,13 @@ class Settings:
                 raise ValueError(f"{name}={value!r} is not accepted: a {'whole ' if kind is int else ''}number") \
                     from None
 
+        def bounded(name: str, default, low: float, high: float, kind=float):
+            value = number(name, default, kind)
+            if value is not None and not low <= value <= high:
+                raise ValueError(f"{name}={env.get(name)!r} is not accepted: a {'whole ' if kind is int else ''}"
+                                 f"number from {low:g} to {high:g}")
+            return value
+
         def json_object(name: str) -> dict:
             value = env.get(name)
             if not value:
@@ -129,6 +144,8 @@ class Settings:
             precompile=choice("ACCELDEMO_PRECOMPILE", "auto", ("auto", "off")),
             device_wait_s=number("ACCELDEMO_DEVICE_WAIT_S", 600.0),
             queue_size=number("ACCELDEMO_QUEUE_SIZE", 64, int),
+            max_batch=bounded("ACCELDEMO_MAX_BATCH", None, 1, MAX_BATCH, int),
+            batch_wait_ms=bounded("ACCELDEMO_BATCH_WAIT_MS", 0.0, 0, 10_000),
             pool_timeout_s=number("ACCELDEMO_POOL_TIMEOUT_S", 1800.0),
             warmup_timeout_s=number("ACCELDEMO_WARMUP_TIMEOUT_S", 1800.0),
             probe_timeout_s=number("ACCELDEMO_PROBE_TIMEOUT_S", 60.0),

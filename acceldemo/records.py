@@ -196,6 +196,13 @@ class Request:
         """What makes torch.compile build a new graph for this request (the model says: see `ModelSpec.graph_key`)."""
         return self.spec.graph_key(self.shape, self.num_images, self.guidance)
 
+    @property
+    def batch_key(self) -> tuple:
+        """What requests drawn in one pipeline call have in common: the pipeline and every call setting but the
+        prompt and the seed."""
+        return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.shape, self.steps,
+                self.guidance)
+
     def key(self, devices: DeviceSet) -> "PipelineKey":
         """The pipeline that runs this request on `devices`."""
         return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices)
@@ -210,6 +217,70 @@ class Request:
     def at(self, shape: Shape, steps: int | None = None) -> "Request":
         """The same request at another of the model's shapes (a warm-up's), already checked against the model."""
         return replace(self, shape=shape, steps=self.steps if steps is None else steps)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Requests drawn in one pipeline call: one pipeline, shape, steps and guidance (one `batch_key`), each request
+    with its own prompt and its own generator per image, so each image is the one its seed gives alone.
+
+    `size`: the images the call draws — in a compiled mode a bucket the graphs were built for. Images past the
+    requests' own are padding (the first request again), drawn and dropped.
+    """
+
+    requests: tuple[Request, ...]
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.requests or len({r.batch_key for r in self.requests}) != 1:
+            raise ValueError("a batch is one or more requests with one batch_key")
+        if not self.size:
+            object.__setattr__(self, "size", self.images)
+        if self.size < self.images:
+            raise ValueError(f"a batch of {self.images} images cannot be drawn at size {self.size}")
+
+    @staticmethod
+    def of(request: "Request | Batch") -> "Batch":
+        return request if isinstance(request, Batch) else Batch((request,))
+
+    @property
+    def first(self) -> Request:
+        return self.requests[0]
+
+    @property
+    def images(self) -> int:
+        """The requests' own images (padding not counted)."""
+        return sum(r.num_images for r in self.requests)
+
+    @property
+    def prompts(self) -> list[str]:
+        """One prompt per image of the call, padding included."""
+        own = [r.prompt for r in self.requests for _ in range(r.num_images)]
+        return own + [self.first.prompt] * (self.size - len(own))
+
+    @property
+    def seeds(self) -> list[int]:
+        """One seed per image of the call, padding included."""
+        own = [seed for r in self.requests for seed in r.seeds]
+        return own + [self.first.seed] * (self.size - len(own))
+
+    @property
+    def graph_key(self) -> tuple:
+        """What makes torch.compile build a new graph: the call's batch size is part of its static shape."""
+        return self.first.spec.graph_key(self.first.shape, self.size, self.first.guidance)
+
+    @property
+    def label(self) -> str:
+        """The shape, and the batch size when it is more than one image: `64x64`, `64x64 ×4`."""
+        return str(self.first.shape) if self.size == 1 else f"{self.first.shape} ×{self.size}"
+
+    def split(self, images: list) -> list[list]:
+        """The call's images handed back to each request, in order (the padding's dropped)."""
+        parts, at = [], 0
+        for request in self.requests:
+            parts.append(images[at:at + request.num_images])
+            at += request.num_images
+        return parts
 
 
 @dataclass(frozen=True)
@@ -324,6 +395,10 @@ class GenerateResult:
     parts: tuple["GenerateResult", ...] = ()
     # The host that drew it (on a Ray cluster: host name/Ray node id), beside `device`.
     node: str = ""
+    # Requests drawn in the same pipeline call, this one included, and that call's serial number (results of one
+    # call share it, and its compile facts).
+    batch: int = 1
+    call: int = 0
 
     @property
     def image(self):
@@ -336,14 +411,16 @@ class GenerateResult:
         if len(parts) == 1 and parts[0].request is request:
             return parts[0]
         first = parts[0]
+        calls = list({p.call: p for p in parts}.values()) if all(p.call for p in parts) else parts  # each call once
         return GenerateResult(
             request=request, key=first.key, images=[image for part in parts for image in part.images],
             seconds=max(p.seconds for p in parts), queue_wait=max(p.queue_wait for p in parts),
-            load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in parts),
-            new_graphs=sum(p.new_graphs for p in parts), warm=all(p.warm for p in parts),
-            compile_cache_hits=sum(p.compile_cache_hits for p in parts), step_seconds=first.step_seconds,
-            preview_seconds=sum(p.preview_seconds for p in parts),
-            unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node)
+            load_seconds=max(p.load_seconds for p in parts), compile_seconds=sum(p.compile_seconds for p in calls),
+            new_graphs=sum(p.new_graphs for p in calls), warm=all(p.warm for p in parts),
+            compile_cache_hits=sum(p.compile_cache_hits for p in calls), step_seconds=first.step_seconds,
+            preview_seconds=sum(p.preview_seconds for p in calls),
+            unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node,
+            batch=max(p.batch for p in parts), call=first.call)
 
     def facts(self, image: int = 0) -> dict[str, Any]:
         """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
@@ -361,5 +438,5 @@ class GenerateResult:
             "compile_cache_hits": self.compile_cache_hits, "warm": self.warm,
             "preview_seconds": round(self.preview_seconds, 4),
             "device": str(self.key.devices or self.key.hardware), "node": self.node,
-            "unknown_words": list(self.unknown_words), "note": self.note,
+            "unknown_words": list(self.unknown_words), "note": self.note, "batch": self.batch,
         }

@@ -97,9 +97,11 @@ def test_n_images_are_seed_and_seed_plus_one_and_differ(client):
     assert first.shape == second.shape == (64, 64, 3)
     assert np.abs(first.astype(int) - second).mean() > 1.0
     assert [f["seed"] for f in answer.acceldemo] == [3, 4]
-    assert all(f["mode"] == "compiled" and f["new_graphs"] == 0 for f in answer.acceldemo)  # warmed at start
+    # One call drew both (batch 2, warmed at start: compiled:64x64@1,2).
+    assert all(f["mode"] == "compiled" and f["new_graphs"] == 0 and f["batch"] == 2 for f in answer.acceldemo)
     again = client.images.generate(prompt="a red circle", size="64x64", extra_body={"seed": 4, "mode": "compiled"})
-    assert (pixels(again.data[0].b64_json) == second).all()  # seed+1 is the image seed+1 asks for alone
+    # seed+1 is the image seed+1 asks for alone (within one level: a batched product may round differently)
+    assert np.abs(pixels(again.data[0].b64_json).astype(int) - second).max() <= 1
 
 
 @pytest.mark.slow
@@ -294,7 +296,7 @@ def test_generation_is_503_until_the_start_up_warm_up_is_done(fresh_manager):
     m = fresh_manager()
     blocker = DeviceHolder(m)  # the start-up warm-up waits behind it
     blocker.start()
-    with serving(create_app(m, warmup=("eager", [Shape(64, 64)]))) as url:
+    with serving(create_app(m, warmup=("eager", [Shape(64, 64)], (1,)))) as url:
         client = sdk(url)
         with pytest.raises(openai.InternalServerError) as raised:
             client.images.generate(prompt="too early")

@@ -28,7 +28,7 @@ from acceldemo.executors.recipe import run_pipeline
 from acceldemo.executors.worker import Run
 from acceldemo.hardware import HardwareRegistry
 from acceldemo.models.catalog import get_model
-from acceldemo.records import DeviceSet, GenerateParams, Phase, PipelineKey, Placement, Request, RunOutput, Shape, \
+from acceldemo.records import Batch, DeviceSet, GenerateParams, Phase, PipelineKey, Placement, Request, RunOutput, Shape, \
     no_progress
 from tests.engines import processes_started_by
 
@@ -210,6 +210,15 @@ def test_sharded_flux1_image_equals_the_one_process_image(pool):
     assert np.abs(sharded - one_process_image(request)).max() < 1e-4
     for rank in pipeline.sharded:
         assert [(c.name, 0 < c.sharded < c.parameters) for c in rank] == [("transformer", True)]
+
+
+@pytest.mark.slow
+def test_requests_drawn_together_are_one_call_on_every_rank_each_image_its_own(klein):
+    requests = [tp_request(seed=5), tp_request(seed=9, prompt="a green square, top left")]
+    together = klein.run(Batch(tuple(requests)), False, no_progress, output_type="np").images
+    alone = [klein.run(request, False, no_progress, output_type="np").images[0] for request in requests]
+    assert len(together) == 2 and np.abs(alone[0] - alone[1]).max() > 0.1
+    assert all(np.abs(a - b).max() <= 1 / 255 for a, b in zip(together, alone))
 
 
 @pytest.mark.slow

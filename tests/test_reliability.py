@@ -102,7 +102,9 @@ def test_eight_clients_asking_the_very_same_image_at_once_all_get_it_whole(serve
     with ThreadPoolExecutor(8) as pool:
         images = [image for run in pool.map(client_run, range(8)) for image in run]
     assert len(images) == 24 and images[0].shape == (64, 64, 3) and images[0].std() > 0
-    assert all((image == images[0]).all() for image in images)
+    # Whole and the same image (within one level: some were drawn together in one call, whose batched products may
+    # round differently).
+    assert all(np.abs(image.astype(int) - images[0]).max() <= 1 for image in images)
 
 
 @pytest.mark.slow
@@ -243,7 +245,7 @@ def test_a_start_up_warm_up_past_its_limit_lets_the_app_serve_and_says_so(fresh_
             time.sleep(0.1)
         return answer.json()
 
-    with TestClient(create_app(m, warmup=("eager", [Shape(64, 64)]))) as client:
+    with TestClient(create_app(m, warmup=("eager", [Shape(64, 64)], (1,)))) as client:
         assert client.get("/ready").status_code == 503
         waited = ready_when(lambda answer: answer.status_code == 200)
         assert waited == {"ready": True, "warmup": "warming 64x64 (eager); still going after 2 s "

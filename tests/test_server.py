@@ -54,6 +54,14 @@ def test_a_shape_warmed_at_start_is_warm_and_a_repeat_is_warm(client):
     assert again["new_graphs"] == 0 and again["warm"]
 
 
+def test_warm_up_through_the_api_takes_batch_buckets(client):
+    answer = client.predict(["128x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2, ["1", "2"],
+                            api_name="/warm_up")
+    assert answer.startswith("Warmed: 128x64 (ready") and "128x64 ×2 (ready" in answer
+    assert client.predict(["128x64"], "tiny-flux2-klein", "cpu", "compiled", "auto", 2,
+                          api_name="/warm_up").startswith("Warmed: 128x64 (ready")  # batch sizes are optional
+
+
 def test_an_invalid_request_gets_the_engine_message(client):
     with pytest.raises(Exception) as raised:
         call_generate(client, resolution="100x64")
@@ -86,7 +94,7 @@ def test_status_endpoint_lists_pipelines_and_shapes(client, server):
     call_generate(client, resolution="64x64")
     status = client.predict(api_name="/status")
     compiled = next(p for p in status["pipelines"] if p["mode"] == "compiled")
-    shapes = {s["shape"]: s for s in compiled["shapes"]}
+    shapes = {s["shape"]: s for s in compiled["shapes"] if s["batch"] == 1}
     assert shapes["64x64"]["state"] == "ready" and shapes["64x64"]["graphs"] > 0 and shapes["64x64"]["hits"] >= 1
     assert status["startup"]["shown"].startswith("done: 64x64 ready") and status["startup"]["state"] == "done"
     # The tests' aot_eager backend has no packages: the store is reported, empty.

@@ -17,7 +17,8 @@ from .report import BenchReport
 
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
-SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "previews")
+SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "batching",
+            "previews")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 
@@ -56,6 +57,10 @@ class Plan:
     pool_pairs: int
     replica_clients: int  # concurrent clients of each replica configuration (section 8)
     replica_per_client: int
+    batch_clients: int  # concurrent clients of the one-core replica, batched and not (section 10)
+    batch_per_client: int
+    batch_rounds: int  # rounds of each, alternating which goes first
+    batch_single: int  # requests of one client alone, interleaved between the two
     notes: tuple[str, ...] = ()
 
 
@@ -64,11 +69,13 @@ PLANS = {
                  latency_runs=15, revisit_shapes=REVISIT_DISTINCT, compile_runs=2, warm_runs=15,
                  restart_backend="inductor", cold_runs=2, restart_runs=3, serving_mode="compiled",
                  serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=40,
-                 replica_clients=8, replica_per_client=8),
+                 replica_clients=8, replica_per_client=8, batch_clients=8, batch_per_client=8, batch_rounds=3,
+                 batch_single=30),
     "quick": Plan("quick", "aot_eager", overhead_pairs=16, shapes=_shapes("64x64", "128x128"), latency_runs=6,
                   revisit_shapes=REVISIT_SHARED, compile_runs=1, warm_runs=6, restart_backend="inductor",
                   cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=8, serving_clients=8,
-                  serving_per_client=2, pool_pairs=4, replica_clients=8, replica_per_client=4,
+                  serving_per_client=2, pool_pairs=4, replica_clients=8, replica_per_client=4, batch_clients=8,
+                  batch_per_client=4, batch_rounds=1, batch_single=10,
                   notes=("--quick: the in-process compiled sections (1, 4, 5, 6) use the aot_eager backend, which "
                          "traces like inductor but runs at eager speed: compile seconds and graph counts are "
                          "real, compiled-vs-eager latencies are not; the full run uses inductor. Restart (3) "
@@ -78,6 +85,7 @@ PLANS = {
                   revisit_shapes=_shapes("64x64", "64x128", "128x64"), compile_runs=1, warm_runs=2,
                   restart_backend="eager", cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=2,
                   serving_clients=2, serving_per_client=1, pool_pairs=2, replica_clients=2, replica_per_client=1,
+                  batch_clients=2, batch_per_client=1, batch_rounds=1, batch_single=1,
                   notes=("--smoke: checks that every section runs, with dynamo's 'eager' backend (tracing and "
                          "guards, no code generation) and the fewest runs; its figures are not measurements.",)),
 }
@@ -310,7 +318,7 @@ def regional_vs_whole(bench: InProcessBench) -> list[Figure]:
     ]
 
 
-# --- sections 2, 7 and 8 (other processes) --------------------------------------------------------------------
+# --- sections 2, 7, 8 and 10 (other processes) ----------------------------------------------------------------
 
 def pool_overhead(bench: InProcessBench) -> list[Figure]:
     from .pool_bench import measure_pool
@@ -328,6 +336,12 @@ def replicas(bench: InProcessBench) -> list[Figure]:
     from .replicas import replicas as measure_replicas
 
     return measure_replicas(bench)
+
+
+def batching(bench: InProcessBench) -> list[Figure]:
+    from .batching import batching as measure_batching
+
+    return measure_batching(bench)
 
 
 def fleet(bench: InProcessBench) -> list[Figure]:
@@ -375,7 +389,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits), ("previews", previews),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
-    ("replicas", replicas), ("fleet", fleet), ("store", store))
+    ("replicas", replicas), ("batching", batching), ("fleet", fleet), ("store", store))
 
 
 def environment(options: BenchOptions, bench: InProcessBench) -> dict:

@@ -1,5 +1,6 @@
 """The engine: one typed request checked once, one line for every front end, replicas supervised, compiled shapes
 ledgered, resident pipelines within a budget, counters; and the views every front end renders."""
+from .batching import together
 from .core import Engine, Fleet, Job
 from .ledger import CompiledShape
 from .stats import OUTCOMES, Kind, Outcome, outcome_of
@@ -11,4 +12,4 @@ from .views import (Description, DeviceView, HardwareView, ModelView, Offer, Pip
 __all__ = ["MAX_IMAGES", "MAX_SEED", "OUTCOMES", "CompiledShape", "Description", "DeviceView", "Engine", "Fleet", "HardwareView",
            "Job", "Kind", "ModelView", "Offer", "Option", "Outcome", "PipelineView", "PlacementProposal", "ReplicaView",
            "Snapshot", "Startup", "StartupState", "as_json", "mode_options", "outcome_of", "parse_resolution",
-           "propose_placement", "tensor_parallel_options"]
+           "propose_placement", "tensor_parallel_options", "together"]

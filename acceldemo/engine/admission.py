@@ -1,11 +1,14 @@
 """The engine's line: every front end's requests get a ticket in arrival order, devices are handed out in that order,
-and past the operator's limit a request that would have to wait is refused at once."""
+and past the operator's limit a request that would have to wait is refused at once. A freed device goes with the
+waiting tickets that can share its call (`Sharing`)."""
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..errors import Cancelled, DeviceBusy, QueueFull
@@ -15,9 +18,23 @@ from ..records import DeviceSet, Phase, Progress, ProgressCallback
 POLL_S = 0.2
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """Which tickets may be drawn in one pipeline call with this one: those with the same `key`. `take(devices, n)`:
+    how many of `n` such tickets (this one included) one call on `devices` takes, at least 1."""
+
+    key: Hashable
+    take: Callable[[DeviceSet, int], int]
+
+    def cap(self, devices: DeviceSet) -> int:
+        return self.take(devices, sys.maxsize)
+
+
 @dataclass(eq=False)
 class Ticket:
-    """One request's place in line: the device sets it can run on, and the one it got."""
+    """One request's place in line: the device sets it can run on, and the one it got. A ticket given its devices
+    together with others leads their shared call (`riders`), or rides in another's (`leader`); a rider's result
+    comes through its `outcome`."""
 
     number: int
     what: str  # e.g. "generate 64x64 on tiny-shapes", shown in the line and on the devices
@@ -28,10 +45,22 @@ class Ticket:
     entered: float = field(default_factory=time.monotonic)
     granted: DeviceSet | None = None
     started: float | None = None
+    sharing: Sharing | None = None
+    payload: object = None  # what its owner needs to run it in a shared call (the engine's `Member`)
+    leader: "Ticket | None" = None
+    riders: list["Ticket"] = field(default_factory=list)
+    outcome: Future = field(default_factory=Future)
 
     @property
     def devices(self) -> set[tuple[str, int]]:
         return {(c.hardware, i) for c in self.candidates for i in c.indices}
+
+    def deliver(self, outcome: object) -> None:
+        """A rider's result from the call it was drawn in: its own image's, or the exception it ends with."""
+        if isinstance(outcome, BaseException):
+            self.outcome.set_exception(outcome)
+        else:
+            self.outcome.set_result(outcome)
 
     def where(self) -> str:
         if len(self.candidates) <= 3:
@@ -68,24 +97,54 @@ class Line:
         """
         return self.enter_together(what, candidates, 1, preference, admitted)[0]
 
+    def reenter(self, ticket: Ticket, candidates: Sequence[DeviceSet]) -> Ticket:
+        """A new ticket for an admitted request whose replica was lost: the same request, at the end of the line."""
+        return self.enter_together(ticket.what, candidates, 1, ticket.preference, True, ticket.sharing,
+                                   [ticket.payload])[0]
+
     def enter_together(self, what: str, candidates: Sequence[DeviceSet], count: int,
                        preference: Callable[[DeviceSet], int] = lambda devices: 0,
-                       admitted: bool = False) -> list[Ticket]:
+                       admitted: bool = False, sharing: Sharing | None = None,
+                       payloads: Sequence[object] | None = None) -> list[Ticket]:
         """`count` tickets of one request (its images), admitted all or none: QueueFull, and nothing held, if those
-        that would wait push the line past its limit."""
-        tickets = [Ticket(next(self._numbers), what, tuple(candidates), preference) for _ in range(count)]
+        that would wait push the line past its limit. With `sharing`, each may be drawn in one call with others."""
+        tickets = [Ticket(next(self._numbers), what, tuple(candidates), preference, sharing=sharing,
+                          payload=payloads[i] if payloads else None) for i in range(count)]
         with self._changed:
             self._waiting.extend(tickets)
             self._hand_out()
             if not admitted and len(self._waiting) > self.limit and any(t.granted is None for t in tickets):
-                for ticket in tickets:
-                    if ticket.granted is None:
-                        self._waiting.remove(ticket)
-                    else:
-                        self._free(ticket)
+                self._withdraw(tickets)
                 self._hand_out()
                 raise QueueFull(len(self._waiting), self.limit, self._ahead(tickets[0].devices))
         return tickets
+
+    def _withdraw(self, tickets: list[Ticket]) -> None:
+        """Take a refused request's tickets out, whatever they got; tickets of others that were to ride in their call
+        wait again in their places."""
+        for ticket in tickets:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            if ticket.leader is not None and ticket.leader not in tickets:
+                ticket.leader.riders.remove(ticket)
+            self._free(ticket)
+            for rider in ticket.riders:
+                if rider not in tickets:
+                    rider.granted = rider.started = rider.leader = None
+                    self._waiting.append(rider)
+            ticket.riders.clear()
+        self._waiting.sort(key=lambda t: t.number)
+
+    def gather(self, leader: Ticket, until: float) -> None:
+        """Hold the leader's call open until `until` (monotonic seconds) for waiting tickets that can share it, or
+        until it is full."""
+        with self._changed:
+            while leader.sharing is not None and leader.granted is not None:
+                self._gather(leader)
+                left = until - time.monotonic()
+                if left <= 0 or 1 + len(leader.riders) >= leader.sharing.cap(leader.granted):
+                    return
+                self._changed.wait(left)
 
     def wait(self, ticket: Ticket, on_progress: ProgressCallback = lambda event: None,
              cancelled: Callable[[], bool] = lambda: False) -> DeviceSet:
@@ -148,8 +207,11 @@ class Line:
         return sum(1 for other in (self._waiting if tickets is None else tickets) if other.devices & devices)
 
     def _hand_out(self) -> None:
-        """Give free device sets to waiting tickets in arrival order (call with the condition held)."""
+        """Give free device sets to waiting tickets in arrival order, then let the tickets still waiting join the
+        calls they can share (call with the condition held): free devices first, so a request that could run on a
+        device of its own is not drawn in another's call."""
         claimed: set[tuple[str, int]] = set()  # devices an earlier waiting ticket is owed
+        granted = []
         for ticket in list(self._waiting):
             free = [c for c in ticket.candidates
                     if not any((c.hardware, i) in self._running or (c.hardware, i) in claimed for i in c.indices)]
@@ -161,4 +223,22 @@ class Line:
             for i in chosen.indices:
                 self._running[(chosen.hardware, i)] = ticket
             self._waiting.remove(ticket)
+            granted.append(ticket)
+        for leader in granted:
+            self._gather(leader)
         self._changed.notify_all()
+
+    def _gather(self, leader: Ticket) -> None:
+        """Waiting tickets that can share the leader's call join it, in arrival order, as many as one call takes."""
+        if leader.sharing is None or leader.granted is None:
+            return
+        devices = leader.granted
+        fits = [t for t in self._waiting if t.sharing is not None and t.sharing.key == leader.sharing.key
+                and devices in t.candidates]
+        if not fits:
+            return
+        size = 1 + len(leader.riders)
+        for rider in fits[:max(leader.sharing.take(devices, size + len(fits)) - size, 0)]:
+            self._waiting.remove(rider)
+            rider.granted, rider.started, rider.leader = devices, time.monotonic(), leader
+            leader.riders.append(rider)

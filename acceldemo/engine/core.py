@@ -1,8 +1,10 @@
 """The engine's front door: every front end's requests are checked here once into a typed `Request`, admitted into
-one line with one limit as they arrive, run on a replica, counted; and the two views every front end renders."""
+one line with one limit as they arrive, run on a replica — drawn in one pipeline call with the requests waiting for
+it that can share the call —, counted; and the two views every front end renders."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import socket
@@ -14,16 +16,17 @@ from typing import Protocol
 
 from prometheus_client import Gauge
 
-from ..config import Settings
+from ..config import MAX_BATCH, Settings
 from ..errors import AcceldemoError, Cancelled, GenerationFailed, InvalidRequest, QueueFull, describe_error
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
 from ..models.catalog import CATALOG, get_model
 from ..models.loading import model_availability
-from ..records import (DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
+from ..records import (Batch, DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
                        ProgressCallback, ReplicaState, Request, Shape, no_progress)
-from .admission import Line, Ticket
+from .admission import Line, Sharing, Ticket
+from .batching import BatchPolicy, Member, together
 from .compile_times import CompileClock, CompileTimes, compile_kind
 from .ledger import CompiledShape, ShapeLedger
 from .residency import Residency
@@ -100,6 +103,8 @@ class Engine:
         self.artifacts = ArtifactStore.of(settings)
         self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
         self.compile_times = CompileTimes(settings.cache_dir)
+        self.batching = BatchPolicy(settings, hardware, self.ledger)
+        self._calls = itertools.count(1)
         self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
         self.supervisor = Supervisor(self.line, self.residency, self.stats)
         self._startup = Startup()
@@ -139,23 +144,23 @@ class Engine:
                cancelled: Callable[[], bool] = _never) -> Job:
         """Admit the request now — onto free replicas, or into the line — or refuse it at once (QueueFull with the
         expected wait); then it runs in threads of its own. Its images (one per seed) are admitted together, all or
-        none, and may run side by side on several replicas; the request's outcome is counted once, whatever it is."""
+        none, and may run side by side on several replicas, or be drawn in one call with each other and with other
+        requests that share the call's settings; the request's outcome is counted once, whatever it is."""
         job = Job(request, cancelled)
         if self.fleet is not None:
             return self._start_in_fleet(job, request, on_progress)
         candidates = self._candidates(request)
+        started = time.perf_counter()
+        members = [Member(part, _of_image(i, on_progress), job.cancelled, started)
+                   for i, part in enumerate(request.members())]
 
-        def image(i: int, member: Request) -> Callable[[Ticket, float], GenerateResult]:
-            report = _of_image(i, on_progress)
-
-            def run(devices: DeviceSet, started: float, queue_wait: float) -> GenerateResult:
-                return self._run(devices, member, report, job.cancelled, False, started, queue_wait)
-            return lambda ticket, started: self.supervisor.attempt(ticket, candidates, started, report,
-                                                                   job.cancelled, run)
+        def image(ticket: Ticket, started: float) -> GenerateResult:
+            return self.supervisor.attempt(ticket, candidates, started, on_progress, job.cancelled,
+                                           lambda ticket, started, queue_wait: self._draw(ticket))
 
         return self._start(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
-                           [image(i, member) for i, member in enumerate(request.members())],
-                           lambda parts: GenerateResult.of_images(request, parts))
+                           [image] * len(members), lambda parts: GenerateResult.of_images(request, parts),
+                           self.batching.sharing(request), members, started)
 
     def generate(self, request: GenerateParams | Request, on_progress: ProgressCallback = no_progress,
                  cancelled: Callable[[], bool] = _never) -> GenerateResult:
@@ -165,15 +170,17 @@ class Engine:
         return self.submit(request, on_progress, cancelled).result()
 
     def submit_warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
-                       on_progress: ProgressCallback = no_progress) -> Job:
-        """Compile the given shapes (None: the request's own) ahead of requests, one denoise step each, on every
+                       on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> Job:
+        """Compile the given shapes (None: the request's own) ahead of requests, at each of the given batch sizes
+        (a compiled mode's buckets: calls drawing that many requests together), one denoise step each, on every
         replica (or the request's own device), one replica after the other: the first compiles each shape, the others
         load what it left in the persistent compile caches. The job's result: the shapes' records, replica by
         replica."""
         base = self.check(params, Kind.WARMUP)
         try:
-            warm = [base.at(check_shape(base.spec, *_sides(shape)), steps=1)
-                    for shape in (shapes if shapes is not None else [base.shape])]
+            sizes = sorted({_batch_size(size) for size in batches}) or [1]
+            warm = [(base.at(check_shape(base.spec, *_sides(shape)), steps=1), size)
+                    for shape in (shapes if shapes is not None else [base.shape]) for size in sizes]
             candidates = self.supervisor.usable(self._candidates(base)) if self.fleet is None else []
         except AcceldemoError as error:
             self.stats.count(Kind.WARMUP, outcome_of(error))
@@ -181,17 +188,20 @@ class Engine:
         job = Job(base)
         if self.fleet is not None and warm:
             fleet = self.fleet
+            shapes_once = list(dict.fromkeys(one for one, _ in warm))
             return self._start_in_fleet(job, base, on_progress, Kind.WARMUP,
-                                        [lambda: fleet.warm_up(base, warm)], lambda parts: parts[0])
-        what = f"warm-up of {', '.join(str(r.shape) for r in warm)} · {base.model} · {base.mode}"
+                                        [lambda: fleet.warm_up(base, shapes_once)], lambda parts: parts[0])
+        what = f"warm-up of {', '.join(_label(one, size) for one, size in warm)} · {base.model} · {base.mode}"
 
-        def warm_replica(devices: DeviceSet, started: float, queue_wait: float) -> list[CompiledShape]:
-            records = []
-            for i, one in enumerate(warm, 1):
-                on_progress(Progress(Phase.COMPILE, f"warming {one.shape} on {devices} ({i}/{len(warm)})", i,
+        def warm_replica(ticket: Ticket, started: float, queue_wait: float) -> list[CompiledShape]:
+            records, devices = [], ticket.granted
+            for i, (one, size) in enumerate(warm, 1):
+                on_progress(Progress(Phase.COMPILE, f"warming {_label(one, size)} on {devices} ({i}/{len(warm)})", i,
                                      len(warm)))
-                result = self._run(devices, one, on_progress, _never, True, started, queue_wait)
-                records.append(self.ledger.record(result.key, one.shape))
+                outcome = self._run(devices, [Member(one, on_progress, _never, started)], True, size)[0]
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                records.append(self.ledger.record(outcome.key, one.shape, size))
             return records
 
         def every_replica(ticket: Ticket, started: float) -> list[CompiledShape]:
@@ -209,16 +219,18 @@ class Engine:
         return self._start(job, Kind.WARMUP, what, candidates[:1], [every_replica], lambda parts: parts[0])
 
     def warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
-                on_progress: ProgressCallback = no_progress) -> list[CompiledShape]:
-        return self.submit_warm_up(params, shapes, on_progress).result()
+                on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> list[CompiledShape]:
+        return self.submit_warm_up(params, shapes, on_progress, batches).result()
 
-    def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None) -> None:
+    def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None,
+                      batches: Iterable[int] = (1,)) -> None:
         """The start-up warm-up (`--warmup`), in the background; `startup` says how it goes, and turns ready when it
         ends or has run past ACCELDEMO_WARMUP_TIMEOUT_S (it goes on: a compile cannot be interrupted)."""
         with self._startup_lock:
             self._startup = Startup(StartupState.WARMING, f"{', '.join(map(str, shapes))} ({mode})")
         try:
-            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes)
+            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes,
+                                      batches=batches)
         except AcceldemoError as error:
             self._set_startup(Startup(StartupState.FAILED, str(error)))
             return
@@ -232,7 +244,8 @@ class Engine:
     def _warmed_up(self, future: Future) -> None:
         try:
             records = future.result()
-            self._set_startup(Startup(StartupState.DONE, ", ".join(f"{r.shape} {r.state}" for r in records)))
+            self._set_startup(Startup(StartupState.DONE, ", ".join(
+                f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} {r.state}" for r in records)))
         except Exception as error:  # every failure ends the warm-up, and the app serves anyway
             self._set_startup(Startup(StartupState.FAILED, str(error)))
 
@@ -265,14 +278,17 @@ class Engine:
     # --- admission ------------------------------------------------------------------------------------------------
 
     def _start(self, job: Job, kind: Kind, what: str, candidates: list[DeviceSet],
-               bodies: list[Callable[[Ticket, float], object]], combine: Callable[[list], object]) -> Job:
-        """Enter the line now with one ticket per body, all or none (counting a refusal); then run each
-        `body(ticket, started)` in a thread of its own, set the job's result (`combine` of theirs, in order) or its
-        first failure (the others are stopped), and count its outcome once."""
-        started = time.perf_counter()
+               bodies: list[Callable[[Ticket, float], object]], combine: Callable[[list], object],
+               sharing: Sharing | None = None, members: list[Member] | None = None,
+               started: float | None = None) -> Job:
+        """Enter the line now with one ticket per body, all or none (counting a refusal) — with `sharing`, each
+        ticket carrying its member, to be drawn in one call with others —; then run each `body(ticket, started)` in a
+        thread of its own, set the job's result (`combine` of theirs, in order) or its first failure (the others are
+        stopped), and count its outcome once."""
+        started = time.perf_counter() if started is None else started
         try:
             tickets = self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
-                                               self._preference(job.request))
+                                               self._preference(job.request), sharing=sharing, payloads=members)
         except QueueFull as full:
             self.stats.count(kind, Outcome.REFUSED)
             raise QueueFull(full.waiting, full.limit, full.ahead,
@@ -411,42 +427,79 @@ class Engine:
 
     # --- running on the devices a ticket got ------------------------------------------------------------------------
 
-    def _run(self, devices: DeviceSet, request: Request, on_progress: ProgressCallback, cancelled, warm_up: bool,
-             started: float, queue_wait: float) -> GenerateResult:
-        progress = self.supervisor.following(devices, request.shape, on_progress)
-        progress(Progress(Phase.QUEUE, f"running on {devices}", 0))
+    def _draw(self, ticket: Ticket) -> GenerateResult:
+        """The ticket's image. A rider's comes from the call it was drawn in; a leader draws its own and its riders'
+        in one call (after holding it open ACCELDEMO_BATCH_WAIT_MS for more), hands each rider its outcome, and
+        returns its own."""
+        if ticket.leader is not None:
+            return ticket.outcome.result()
+        if self.settings.batch_wait_ms and ticket.sharing is not None:
+            self.line.gather(ticket, time.monotonic() + self.settings.batch_wait_ms / 1000)
+        riders = list(ticket.riders)
+        members = [ticket.payload, *(rider.payload for rider in riders)]
+        try:
+            outcomes = self._run(ticket.granted, members)
+        except BaseException as error:  # the call as a whole failed (or its replica was lost): so did every image
+            outcomes = [error] * len(members)
+        for rider, outcome in zip(riders, outcomes[1:]):
+            rider.deliver(outcome)
+        if isinstance(outcomes[0], BaseException):
+            raise outcomes[0]
+        return outcomes[0]
+
+    def _run(self, devices: DeviceSet, members: list[Member], warm_up: bool = False,
+             size: int | None = None) -> list[GenerateResult | BaseException]:
+        """One pipeline call on `devices` drawing every member not yet stopped (at `size`: a warm-up's bucket; by
+        default the batching's size for that many); each member's result, or why it has none."""
+        began = time.perf_counter()
+        live = [m for m in members if not m.cancelled()]
+        unstarted = Cancelled(f"stopped before its call began on {devices}; nothing was started")
+        if not live:
+            return [unstarted] * len(members)
+        batch = Batch(tuple(m.request for m in live),
+                      size or self.batching.size(live[0].request, devices, sum(m.request.num_images for m in live)))
+        key = batch.first.key(devices)
+
+        def everyone(event: Progress) -> None:
+            for member in live:
+                member.on_progress(event)
+
+        progress = self.supervisor.following(devices, batch.first.shape, everyone)
+        shared = together(len(live) - 1)
+        progress(Progress(Phase.QUEUE, f"running on {devices}" + (f", {shared}" if shared else ""), 0))
         served = None
         try:
-            resident, load_seconds = self.residency.acquire(request.key(devices), request.spec, progress)
+            resident, load_seconds = self.residency.acquire(key, batch.first.spec, progress)
             try:
-                result = self._call(resident.loaded, request.key(devices), request, progress, cancelled, warm_up,
-                                    queue_wait, load_seconds, started)
+                results = self._call(resident.loaded, key, batch, live, progress, warm_up, load_seconds, began)
             finally:
                 self.residency.release(resident)
             if not warm_up:
-                served = result.seconds - result.queue_wait - result.load_seconds
+                served = time.perf_counter() - began - load_seconds
         finally:
-            self.supervisor.idle(devices, served)
-        return result
+            self.supervisor.idle(devices, served, len(live))
+        drawn = dict(zip(map(id, live), results))
+        return [drawn.get(id(m)) or unstarted for m in members]
 
-    def _call(self, loaded, key, request: Request, on_progress, cancelled, warm_up: bool, queue_wait: float,
-              load_seconds: float, started: float) -> GenerateResult:
-        visit = self.ledger.begin(key, request)
-        adapter = self.hardware.get(request.hardware)
+    def _call(self, loaded, key, batch: Batch, members: list[Member], on_progress, warm_up: bool,
+              load_seconds: float, began: float) -> list[GenerateResult | Cancelled]:
+        visit = self.ledger.begin(key, batch)
+        adapter = self.hardware.get(key.hardware)
         if visit.expect_compile:  # a compiler cache the shared store keeps in step (TPU): what other hosts compiled
             self.artifacts.sync_compiler_cache(adapter, push=False)
-        kind = compile_kind(key, request, adapter.detect().generation)
+        kind = compile_kind(key, batch, adapter.detect().generation)
         clock = CompileClock(on_progress, lambda: self.compile_times.estimate(kind))
         try:
-            out = loaded.run(request, visit.expect_compile, clock, cancelled)
+            # A call shared by several stops early only once every one of them is stopped.
+            out = loaded.run(batch, visit.expect_compile, clock, lambda: all(m.cancelled() for m in members))
         except AcceldemoError:
             self.ledger.abandoned(visit)
             raise
         except Exception as error:  # a compiler or pipeline failure must not take the server down
             what = describe_error(error)
             self.ledger.failed(visit, what)
-            log.exception("generation failed for %s at %s", key, request.shape)
-            raise GenerationFailed(f"{key} failed at {request.shape}: {what}") from None
+            log.exception("generation failed for %s at %s", key, batch.label)
+            raise GenerationFailed(f"{key} failed at {batch.label}: {what}") from None
         finally:
             clock.stop()
         if out.new_graphs and clock.measured is not None:
@@ -455,19 +508,28 @@ class Engine:
         if out.new_graphs:
             self.artifacts.sync_compiler_cache(adapter, push=True)
         self.ledger.finished(visit, out, warm_up)
-        result = GenerateResult(
-            request=request, key=key, images=out.images, seconds=time.perf_counter() - started,
-            queue_wait=queue_wait, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
-            new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
-            compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
-            preview_seconds=out.preview_seconds,
-            unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
-            node=self.node)
-        self.stats.observe(result)
-        if cancelled():
-            raise Cancelled(f"stopped at {request.shape} after {len(out.step_seconds) + 1} of {request.steps} "
-                            f"steps; {key.devices} is free for the next job")
-        return result
+        call, ended, shared = next(self._calls), time.perf_counter(), len(members)
+        results: list[GenerateResult | Cancelled] = []
+        for i, (member, images) in enumerate(zip(members, batch.split(out.images))):
+            request = member.request
+            result = GenerateResult(
+                request=request, key=key, images=images, seconds=ended - member.started,
+                queue_wait=began - member.started, load_seconds=load_seconds, compile_seconds=out.compile_seconds,
+                new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
+                compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
+                preview_seconds=out.preview_seconds,
+                unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
+                node=self.node, batch=shared, call=call)
+            self.stats.observe(result, count_call=i == 0)
+            if not member.cancelled():
+                results.append(result)
+            elif shared > 1 and not all(m.cancelled() for m in members):
+                results.append(Cancelled(f"stopped: its image at {request.shape} was dropped from a call "
+                                         f"{together(shared - 1)}, which finished for them"))
+            else:
+                results.append(Cancelled(f"stopped at {request.shape} after {len(out.step_seconds) + 1} of "
+                                         f"{request.steps} steps; {key.devices} is free for the next job"))
+        return results
 
     # --- the views --------------------------------------------------------------------------------------------------
 
@@ -484,7 +546,7 @@ class Engine:
         found = adapter.detect()
         if not found.available:
             return Offer(spec.name, adapter.name, False, found.reason, None, (), ())
-        proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes())
+        proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes(), self.settings.max_batch)
         return Offer(spec.name, adapter.name, True, found.reason, proposal,
                      tuple(mode_options(spec, adapter, placement)),
                      tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)))
@@ -549,6 +611,17 @@ def _of_image(image: int, on_progress: ProgressCallback) -> ProgressCallback:
     if image == 0:
         return on_progress
     return lambda event: on_progress(dataclasses.replace(event, image=image))
+
+
+def _batch_size(size: object) -> int:
+    """A warm-up's batch size: a whole number from 1 to ACCELDEMO_MAX_BATCH's ceiling."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH:
+        raise InvalidRequest("batch", size, f"a whole number from 1 to {MAX_BATCH}")
+    return size
+
+
+def _label(request: Request, size: int) -> str:
+    return Batch((request,), size).label
 
 
 def _sides(shape: object) -> tuple[int, int]:

@@ -33,6 +33,7 @@ class Kind(StrEnum):
 OUTCOMES = tuple(Outcome)
 # The parts of a request's time the latency histogram has, `total` first.
 PHASES = ("total", "queue", "load", "compile")
+BATCH_BUCKETS = (1, 2, 3, 4, 8, 16)
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 _LABELS = ("model", "hardware", "mode")
 
@@ -61,6 +62,9 @@ class Counters:
     loads: int
     evictions: int
     replica_restarts: int
+    # Pipeline calls, and the requests they drew (more requests than calls: some were drawn together).
+    calls: int = 0
+    drawn: int = 0
 
 
 class EngineStats:
@@ -85,6 +89,8 @@ class EngineStats:
         self.evictions = Counter("acceldemo_pipeline_evictions", "Resident pipelines evicted", registry=self.registry)
         self.restarts = Counter("acceldemo_replica_restarts", "Replicas lost (process died or hung) and restarted",
                                 registry=self.registry)
+        self.batches = Histogram("acceldemo_batch_requests", "Requests drawn together in one pipeline call", _LABELS,
+                                 buckets=BATCH_BUCKETS, registry=self.registry)
         for outcome in Outcome:  # every outcome shows from the start, at 0
             for kind in Kind:
                 self.requests.labels(outcome, kind)
@@ -92,21 +98,27 @@ class EngineStats:
     def count(self, kind: Kind, outcome: Outcome) -> None:
         self.requests.labels(outcome, kind).inc()
 
-    def observe(self, result: GenerateResult) -> None:
-        """A finished call's phases and compile facts (a warm-up's too)."""
+    def observe(self, result: GenerateResult, count_call: bool = True) -> None:
+        """A finished image's phases (a warm-up's too); with `count_call`, also its pipeline call's compile facts and
+        batch — once per call, for the first of the requests drawn in it."""
         labels = (result.key.model, result.key.hardware, result.key.mode)
         for phase, seconds in zip(PHASES, (result.seconds, result.queue_wait, result.load_seconds,
                                            result.compile_seconds)):
             self.latency.labels(phase, *labels).observe(seconds)
-        self.graphs.labels(*labels).inc(result.new_graphs)
-        self.compile_seconds.labels(*labels).inc(result.compile_seconds)
-        self.compile_cache_hits.labels(*labels).inc(result.compile_cache_hits)
         if result.warm:
             self.shape_hits.labels(*labels).inc()
+        if count_call:
+            self.graphs.labels(*labels).inc(result.new_graphs)
+            self.compile_seconds.labels(*labels).inc(result.compile_seconds)
+            self.compile_cache_hits.labels(*labels).inc(result.compile_cache_hits)
+            self.batches.labels(*labels).observe(result.batch)
 
     def _total(self, counter: str) -> float:
-        return sum(sample.value for metric in self.registry.collect() if metric.name == counter
-                   for sample in metric.samples if sample.name.endswith("_total"))
+        return self._sum(counter, "_total")
+
+    def _sum(self, metric_name: str, suffix: str) -> float:
+        return sum(sample.value for metric in self.registry.collect() if metric.name == metric_name
+                   for sample in metric.samples if sample.name.endswith(suffix))
 
     def outcomes(self, kind: Kind = Kind.GENERATE) -> dict[Outcome, int]:
         return {outcome: int(self.registry.get_sample_value("acceldemo_requests_total",
@@ -122,4 +134,6 @@ class EngineStats:
                         compile_cache_hits=int(self._total("acceldemo_compile_cache_hits")),
                         loads=int(self._total("acceldemo_pipeline_loads")),
                         evictions=int(self._total("acceldemo_pipeline_evictions")),
-                        replica_restarts=int(self._total("acceldemo_replica_restarts")))
+                        replica_restarts=int(self._total("acceldemo_replica_restarts")),
+                        calls=int(self._sum("acceldemo_batch_requests", "_count")),
+                        drawn=int(self._sum("acceldemo_batch_requests", "_sum")))

@@ -95,31 +95,35 @@ class Supervisor:
             on_progress(event)
         return progress
 
-    def idle(self, devices: DeviceSet, served_seconds: float | None = None) -> None:
-        """The replica's job ended; `served_seconds`: it served a request in that long (not a warm-up)."""
+    def idle(self, devices: DeviceSet, served_seconds: float | None = None, served: int = 1) -> None:
+        """The replica's job ended; `served_seconds`: it served `served` requests (drawn in one call) in that long
+        (not a warm-up)."""
         with self._lock:
             replica = self._replicas.get(devices, Replica(devices))
             if replica.state not in (ReplicaState.RESTARTING, ReplicaState.DOWN):
                 replica = replace(replica, state=ReplicaState.IDLE, compiling=None)
             if served_seconds is not None:
-                replica = replace(replica, served=replica.served + 1, last_latency=served_seconds)
+                replica = replace(replica, served=replica.served + served, last_latency=served_seconds)
             self._replicas[devices] = replica
 
     def attempt(self, ticket: Ticket, candidates: list[DeviceSet], started: float, on_progress: ProgressCallback,
-                cancelled: Callable[[], bool], work: Callable[[DeviceSet, float, float], T]) -> T:
-        """Wait for the ticket's devices, do the work on the ones given, free them.
+                cancelled: Callable[[], bool], work: Callable[[Ticket, float, float], T]) -> T:
+        """Wait for the ticket's devices, do the work on the ones given (`work(ticket, started, queue_wait)`; the
+        devices are `ticket.granted`), free them.
 
         A replica lost during the work (its process died or hung) is restarted in the background, and the work is
         done once more on another replica: a generation is idempotent for its seeds, so nothing is lost. The retry
-        enters the line again past its limit: the request was admitted already.
+        enters the line again past its limit: the request was admitted already. Of a shared call, only its leader
+        reports the loss.
         """
         lost: list[ReplicaLost] = []
         while True:
             try:
-                devices = self.line.wait(ticket, on_progress, cancelled)
-                return work(devices, started, time.perf_counter() - started)
+                self.line.wait(ticket, on_progress, cancelled)
+                return work(ticket, started, time.perf_counter() - started)
             except ReplicaLost as error:
-                self.lose(ticket.granted, error)
+                if ticket.leader is None:
+                    self.lose(ticket.granted, error)
                 if lost:  # retried once already
                     raise
                 lost.append(error)
@@ -130,7 +134,7 @@ class Supervisor:
             usable = [c for c in candidates if str(c) not in {e.devices for e in lost} and not self.is_down(c)]
             if not usable:
                 raise lost[-1]
-            ticket = self.line.enter(ticket.what, usable, ticket.preference, admitted=True)
+            ticket = self.line.reenter(ticket, usable)
 
     def usable(self, candidates: list[DeviceSet]) -> list[DeviceSet]:
         """The candidates not down; GenerationFailed naming why when every one is."""

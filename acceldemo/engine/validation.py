@@ -2,6 +2,7 @@
 what is accepted. Also what a person is offered before asking: modes with why not, the proposed placement, TP sizes."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import unicodedata
@@ -42,6 +43,8 @@ class PlacementProposal:
     tp_size: int
     reason: str
     replicas: int = 1
+    # Requests one call may draw together at the model's default shape (`batch_fit`).
+    batch: int = 1
 
 
 def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | None) -> list[Option]:
@@ -61,11 +64,30 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | Non
     return options
 
 
-def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None) -> PlacementProposal:
-    """Where the model should go on this hardware, from its weight sizes and the device memory.
+def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size: int, shape: Shape) -> int:
+    """How many requests one call of this model may draw together at this shape: the model's own cap, within the
+    memory a device has beside the weights it holds (all of them, its tensor-parallel share, or with offload the
+    largest component), at the model's working memory per image and megapixel."""
+    if not memory_bytes or not spec.activation_bytes:
+        return spec.max_batch
+    held = spec.largest_component_bytes if placement is Placement.OFFLOAD else spec.weight_bytes / max(tp_size, 1)
+    per_image = spec.activation_bytes * shape.width * shape.height / 1e6 / max(tp_size, 1)
+    return max(1, min(spec.max_batch, int((memory_bytes - held) // per_image)))
+
+
+def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None,
+                      max_batch: int | None = None) -> PlacementProposal:
+    """Where the model should go on this hardware, from its weight sizes and the device memory, and how many requests
+    one call may draw together there at the model's default shape (`max_batch`: the operator's, which wins).
 
     sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
     """
+    proposal = _placement(spec, found, sizes)
+    return dataclasses.replace(proposal, batch=max_batch or batch_fit(spec, found.memory_bytes, proposal.placement,
+                                                                      proposal.tp_size, spec.default_shape))
+
+
+def _placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None) -> PlacementProposal:
     memory = found.memory_bytes
     weights = spec.weight_bytes * HEADROOM
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731

@@ -5,13 +5,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..models.catalog import ModelSpec
-from ..records import PipelineKey, ProgressCallback, Request, RunOutput
+from ..records import Batch, PipelineKey, ProgressCallback, Request, RunOutput
 
 
 class LoadedPipeline(Protocol):
-    """A pipeline placed and compiled per its key, ready to run checked requests."""
+    """A pipeline placed and compiled per its key, ready to run checked requests: one, or several drawn together in
+    one call (a `Batch`)."""
 
-    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
+    def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled: Callable[[], bool] = ...) -> RunOutput: ...
 
     def close(self) -> None: ...

@@ -10,7 +10,7 @@ from ..config import Settings
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import load_pipeline
-from ..records import Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from ..records import Batch, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import ArtifactStore
 from .recipe import apply_recipe, precompiles, recompile_limits, run_pipeline
 
@@ -25,9 +25,9 @@ class LocalPipeline:
         self.key, self.spec, self.pipe, self.hardware, self.limits = key, spec, pipe, hardware, limits
         self.cache_dir = cache_dir
 
-    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
+    def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
-        return run_pipeline(self.pipe, self.hardware, request, expect_compile, on_progress, cancelled,
+        return run_pipeline(self.pipe, self.hardware, call, expect_compile, on_progress, cancelled,
                             limits=self.limits, cache_dir=self.cache_dir)
 
     def close(self) -> None:

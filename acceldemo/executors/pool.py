@@ -33,7 +33,7 @@ from ..errors import ReplicaLost, UnsupportedCombination
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
-from ..records import DeviceSet, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from ..records import Batch, DeviceSet, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
 from .worker import (Broken, Cancel, Command, Done, Failed, Load, RankInfo, Reported, Run, Shutdown, Status,
                      Unload)
 
@@ -283,14 +283,15 @@ class PoolPipeline:
         self.pool = pool
         return pool
 
-    def run(self, request: Request, expect_compile: bool, on_progress: ProgressCallback,
+    def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
-        """One request on every rank; rank 0's images come back (PIL, or float arrays for output_type "np")."""
+        """One call (a request, or requests drawn together) on every rank, as one pipeline call; rank 0's images come
+        back (PIL, or float arrays for output_type "np")."""
         before = self.pool
         pool = self.ensure_loaded(on_progress)
         if before is not None and pool is not before and self.key.mode.compiles:
             expect_compile = True  # a restarted pool's ranks have compiled nothing yet: say so while they do
-        out = pool.call(Run(self.id, request, expect_compile, output_type), on_progress, cancelled)
+        out = pool.call(Run(self.id, Batch.of(call), expect_compile, output_type), on_progress, cancelled)
         if output_type == "pil":
             from PIL import Image
 

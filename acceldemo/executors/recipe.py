@@ -10,14 +10,16 @@ from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
-from ..records import Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
+from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
-from .remote import STORE_EVENTS
 from .previews import PreviewMaker
+from .remote import STORE_EVENTS
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
 # contiguous input, later ones a strided slice).
 GRAPHS_PER_SHAPE = 4
+# Batch sizes a compiled mode builds graphs for, per shape (a call between two runs at the next one, padded).
+BUCKETS = (1, 2, 4)
 
 
 def recompile_limits(settings: Settings) -> dict[str, int]:
@@ -26,7 +28,8 @@ def recompile_limits(settings: Settings) -> dict[str, int]:
     In torch 2.13 a change to dynamo's config holds only in the thread (context) that made it, so a compiled call
     runs under these limits wherever it runs (`run_pipeline`), not once at load time.
     """
-    wanted = GRAPHS_PER_SHAPE * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines, 1)
+    wanted = GRAPHS_PER_SHAPE * len(BUCKETS) * settings.max_shapes_per_pipeline * max(settings.max_resident_pipelines,
+                                                                                        1)
     return {"recompile_limit": wanted, "accumulated_recompile_limit": 4 * wanted}
 
 
@@ -62,18 +65,24 @@ def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, set
         compile_transformer(pipe, hardware.compile_backend, mode)
 
 
-def pipeline_kwargs(request: Request, output_type: str = "pil", **extra) -> dict:
-    """The diffusers call for a request: the same arguments wherever the pipeline runs (and in the bench).
+def pipeline_kwargs(call: Request | Batch, output_type: str = "pil", **extra) -> dict:
+    """The diffusers call for a request, or for requests drawn together: the same arguments wherever the pipeline
+    runs (and in the bench).
 
-    One CPU generator per image (seed, seed+1, ...), so image i is the image its seed gives alone; on CPU, as the
-    FLUX.2-dev recipe makes it, because out-of-tree devices have no generator of their own.
+    One CPU generator per image (seed, seed+1, ...; each request's own), so every image is the image its seed gives
+    alone; on CPU, as the FLUX.2-dev recipe makes it, because out-of-tree devices have no generator of their own.
+    Requests drawn together pass one prompt per image.
     """
     import torch
 
-    generators = [torch.Generator("cpu").manual_seed(seed) for seed in request.seeds]
+    batch = Batch.of(call)
+    request = batch.first
+    generators = [torch.Generator("cpu").manual_seed(seed) for seed in batch.seeds]
+    alone = len(batch.requests) == 1 and batch.size == request.num_images
     kwargs = dict(
-        prompt=request.prompt, height=request.height, width=request.width, num_inference_steps=request.steps,
-        guidance_scale=request.guidance, num_images_per_prompt=request.num_images,
+        prompt=request.prompt if alone else batch.prompts, height=request.height, width=request.width,
+        num_inference_steps=request.steps, guidance_scale=request.guidance,
+        num_images_per_prompt=request.num_images if alone else 1,
         generator=generators[0] if len(generators) == 1 else generators, output_type=output_type, **extra)
     if request.spec.max_sequence_length:
         kwargs["max_sequence_length"] = request.spec.max_sequence_length
@@ -162,10 +171,12 @@ class _CompileMeter:
             self.store_problem = self.precompiled.store.remote.problem
 
 
-def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: bool, on_progress: ProgressCallback,
-                 cancelled: Callable[[], bool] = lambda: False, output_type: str = "pil",
-                 limits: dict[str, int] | None = None, cache_dir: Path | None = None) -> RunOutput:
-    """One pipeline call with progress per phase; counts the graphs it compiled.
+def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile: bool,
+                 on_progress: ProgressCallback, cancelled: Callable[[], bool] = lambda: False,
+                 output_type: str = "pil", limits: dict[str, int] | None = None,
+                 cache_dir: Path | None = None) -> RunOutput:
+    """One pipeline call — one request, or requests drawn together — with progress per phase; counts the graphs it
+    compiled. Its images are the requests' own, in order (a padded batch's extra images dropped).
 
     `output_type` is diffusers' own: "pil" for people, "np" (floats in [0, 1]) to compare runs exactly; `limits`:
     dynamo's recompile limits for a compiled mode (`recompile_limits`); `cache_dir`: where a model's preview map
@@ -173,6 +184,8 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
     """
     import torch._dynamo
 
+    batch = Batch.of(call)
+    request = batch.first
     steps = request.steps
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
@@ -191,12 +204,12 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
 
     precompiled = pipe.transformer.forward if isinstance(pipe.transformer.forward, PrecompiledTransformer) else None
     if precompiled is not None:  # it knows whether a shape's package is built now or loaded from disk
-        precompiled.label = str(request.shape)
+        precompiled.label = batch.label
         precompiled.notify = lambda phase, text: on_progress(Progress(phase, text, elapsed=time.perf_counter()
                                                                       - started))
     elif expect_compile:
-        on_progress(Progress(Phase.COMPILE, f"compiling {request.shape} (first time for this shape)"))
-    kwargs = pipeline_kwargs(request, output_type, callback_on_step_end=on_step_end)
+        on_progress(Progress(Phase.COMPILE, f"compiling {batch.label} (first time for this shape)"))
+    kwargs = pipeline_kwargs(batch, output_type, callback_on_step_end=on_step_end)
     # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
     gate = contextlib.nullcontext() if not request.mode.compiles else \
         COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
@@ -207,7 +220,7 @@ def run_pipeline(pipe, hardware: Hardware, request: Request, expect_compile: boo
         hardware.synchronize()
     seconds = time.perf_counter() - started
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
-    return RunOutput(images=images, seconds=seconds, new_graphs=meter.graphs, compile_seconds=meter.seconds,
-                     compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
+    return RunOutput(images=list(images[:batch.images]), seconds=seconds, new_graphs=meter.graphs,
+                     compile_seconds=meter.seconds, compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
                      preview_seconds=previews.spent if previews else 0.0,
                      package_events=meter.package_events, store_problem=meter.store_problem)

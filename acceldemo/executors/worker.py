@@ -32,7 +32,7 @@ import numpy as np
 from ..config import PoolLaunch, Settings
 from ..errors import describe_error
 from ..models.catalog import ModelSpec
-from ..records import DeviceSet, Phase, PipelineKey, Progress, Request, RunOutput, no_progress
+from ..records import Batch, DeviceSet, Phase, PipelineKey, Progress, RunOutput, no_progress
 
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
@@ -61,10 +61,11 @@ class Load:
 
 @dataclass(frozen=True)
 class Run:
-    """One checked request on every rank; rank 0's images come back (PNG bytes, or arrays for output_type "np")."""
+    """Checked requests drawn together in one pipeline call, on every rank; rank 0's images come back (pixel arrays
+    either way: uint8 for output_type "pil", floats for "np")."""
 
     pipeline: str
-    request: Request
+    batch: Batch
     expect_compile: bool
     output_type: str = "pil"
 
@@ -338,7 +339,7 @@ class Rank:
 
         pipe = self._pipeline(command.pipeline)
         progress = self.channel.progress if self.channel else no_progress
-        out = run_pipeline(pipe, self.hardware, command.request, command.expect_compile, progress, self._cancelled,
+        out = run_pipeline(pipe, self.hardware, command.batch, command.expect_compile, progress, self._cancelled,
                            output_type=command.output_type, limits=recompile_limits(self.settings),
                            cache_dir=self.settings.cache_dir if self.rank == 0 else None)  # rank 0 reports
         if self.rank != 0:

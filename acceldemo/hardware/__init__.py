@@ -110,7 +110,8 @@ class HardwareRegistry:
     def detect_all(self) -> dict[str, Availability]:
         """Every adapter's availability, probed side by side (each probe is a child process) the first time."""
         with ThreadPoolExecutor(len(self._adapters)) as pool:
-            return dict(zip(self._adapters, pool.map(Hardware.detect, self._adapters.values())))
+            # Each adapter's own detect (the CPU's reads the host, and keeps what it found out of `_detected`).
+            return dict(zip(self._adapters, pool.map(lambda hardware: hardware.detect(), self._adapters.values())))
 
     def require_available(self, name: object) -> Hardware:
         """The adapter, if its hardware is here; otherwise the reason it is not, as an error."""

@@ -72,6 +72,10 @@ class Hardware:
     mesh_device_type: ClassVar[str]
     # Environment variable -> sub-folder of the app cache dir holding this hardware's compiled artifacts.
     cache_env: ClassVar[Mapping[str, str]] = {}
+    # Whether every new tensor shape is a compile here, in eager modes too (Neuron compiles each op on first run,
+    # TorchTPU traces): each batch size is one more compile, so requests share a call only at the batch sizes a
+    # warm-up compiled.
+    every_shape_compiles: ClassVar[bool] = False
     # Whether mode "compiled" can be served from saved AOTInductor packages (see executors/artifacts.py).
     aot_artifacts: ClassVar[bool] = False
     # The out-of-tree PyTorch backend package, when the device is not built into torch.

@@ -14,6 +14,7 @@ class NeuronHardware(Hardware):
     device = "neuron"
     preference = 3
     compile_backend = "neuron"
+    every_shape_compiles = True
     dist_backend = "neuron"
     mesh_device_type = "neuron"
     # Read by torch_neuronx when it loads (at `import torch` with autoload), so it is set before.

@@ -37,6 +37,7 @@ class TpuHardware(Hardware):
     mode_notes = {**MODE_NOTES,
                   Mode.EAGER_FUSED: "TorchTPU defers ops and fuses them into larger graphs (EagerMode.DEFER_AND_FUSE)"}
     compile_backend = "tpu"
+    every_shape_compiles = True
     dist_backend = "tpu_dist"
     mesh_device_type = "tpu"
     # Read once, by torch_tpu's C++ runtime, when the compilation cache is first used.

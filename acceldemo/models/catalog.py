@@ -48,6 +48,11 @@ class ModelSpec:
     repeated_blocks: bool = True
     # Bytes of weights per component in `dtype`; the placement proposal reads these.
     component_bytes: dict[str, int] = field(default_factory=dict)
+    # Requests one pipeline call may draw together (each still its own image): batching pays for small models and
+    # shapes, hardly at all for a large model at 1024² (≈1.02x), while it costs memory. The engine also keeps a
+    # batch within the device's memory left beside the weights, at `activation_bytes` per image and megapixel.
+    max_batch: int = 4
+    activation_bytes: int = 0
     # Components that have a tensor-parallel plan (diffusers `_tp_plan`, transformers `tp_plan="auto"`).
     tp_components: tuple[str, ...] = ()
     # Attention heads of the sharded transformer: a TP degree must divide them.
@@ -106,7 +111,7 @@ class ModelSpec:
         return (*size, batch, self.max_sequence_length)
 
 
-_TINY = dict(dtype="float32", min_side=64, max_side=512, default_shape=Shape(64, 64),
+_TINY = dict(dtype="float32", min_side=64, max_side=512, default_shape=Shape(64, 64), activation_bytes=200_000_000,
              presets=(Shape(64, 64), Shape(128, 128), Shape(128, 64), Shape(256, 256)),
              component_bytes={"transformer": 2_000_000, "text_encoder": 2_000_000, "vae": 1_000_000})
 
@@ -145,7 +150,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         repo="black-forest-labs/FLUX.2-klein-4B", steps=4, guidance=1.0,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 8 * GB, "text_encoder": 8 * GB, "vae": GB // 5},
-        tp_components=("transformer", "text_encoder"), attention_heads=24,
+        tp_components=("transformer", "text_encoder"), attention_heads=24, max_batch=4, activation_bytes=3 * GB,
         description="Fits one NeuronCore: the whole pipeline on the device."),
     ModelSpec(
         name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
@@ -153,12 +158,12 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 24 * GB, "text_encoder_2": 9_500_000_000, "text_encoder": GB // 4,
                          "vae": GB // 6},
-        tp_components=("transformer",), attention_heads=24,
+        tp_components=("transformer",), attention_heads=24, max_batch=2, activation_bytes=4 * GB,
         description="Does not fit one v6e chip: model CPU offload."),
     ModelSpec(
         name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
         repo="stabilityai/stable-diffusion-3.5-medium", steps=40, guidance=4.5, cfg_above=1.0,
-        packed_latents=False, max_side=1440, repeated_blocks=False,
+        packed_latents=False, max_side=1440, repeated_blocks=False, max_batch=2, activation_bytes=4 * GB,
         quality_steps={"low": 20, "medium": 28, "high": 40},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 5 * GB, "text_encoder_3": 9_500_000_000, "text_encoder": GB // 4,
@@ -170,7 +175,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         quality_steps={"low": 16, "medium": 28, "high": 50},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
         component_bytes={"transformer": 64 * GB, "text_encoder": 48 * GB, "vae": GB // 5},
-        tp_components=("transformer", "text_encoder"), attention_heads=48,
+        tp_components=("transformer", "text_encoder"), attention_heads=48, max_batch=1, activation_bytes=8 * GB,
         description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
 )}
 

@@ -13,15 +13,16 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..engine import Description, Engine, Offer, Snapshot, as_json
+from ..engine import Description, Engine, Offer, Snapshot, as_json, together
 from ..errors import AcceldemoError
 from ..hardware import all_modes
 from ..records import GenerateParams, GenerateResult, Phase, Placement, Progress
+from ..executors.recipe import BUCKETS
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
-STATUS_COLUMNS = ["pipeline", "resident", "shape", "state", "compile s", "graphs", "hits", "first call s",
+STATUS_COLUMNS = ["pipeline", "resident", "shape", "batch", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
 REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
@@ -90,6 +91,7 @@ def describe_result(result: GenerateResult) -> str:
             f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
             f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}"
+            + (f" · {together(result.batch - 1)}" if result.batch > 1 else "")
             + (f"  \n**{result.note}**" if result.note else ""))
 
 
@@ -118,7 +120,7 @@ def status_rows(snapshot: Snapshot) -> pd.DataFrame:
     rows = []
     for p in snapshot.pipelines:
         for s in p.shapes:
-            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), str(s.state),
+            rows.append([str(p.key), "yes" if p.resident else "evicted", str(s.shape), s.batch, str(s.state),
                          round(s.compile_seconds, 2), s.graphs, s.hits,
                          None if s.first_call_seconds is None else round(s.first_call_seconds, 3),
                          None if s.last_latency is None else round(s.last_latency, 3), s.reason])
@@ -138,10 +140,10 @@ def replica_rows(snapshot: Snapshot) -> pd.DataFrame:
 
 
 def latency_points(snapshot: Snapshot) -> list[tuple[str, str, float]]:
-    """(shape, series, seconds) of every first call and last warm call measured, for the chart."""
+    """(shape, series, seconds) of every first call and last warm call of one image measured, for the chart."""
     points = []
     for p in snapshot.pipelines:
-        for s in p.shapes:
+        for s in (s for s in p.shapes if s.batch == 1):
             if s.first_call_seconds is not None:
                 points.append((str(s.shape), f"{p.key.mode} first call", s.first_call_seconds))
             if s.last_latency is not None:
@@ -190,7 +192,8 @@ def option_notes(offer: Offer) -> str:
     lines = [f"- `{o.name}`: {o.reason}" if o.ok else f"- ~~`{o.name}`~~ not here: {o.reason}" for o in offer.modes]
     return "\n".join([f"**Proposed placement:** `{proposal.placement}`"
                       + (f" × {proposal.tp_size}" if proposal.placement is Placement.TP else "")
-                      + f" — {proposal.reason}", *lines])
+                      + f" — {proposal.reason}; up to {proposal.batch} waiting request(s) drawn together per call",
+                      *lines])
 
 
 def tp_size_choices(offer: Offer) -> dict:
@@ -252,21 +255,26 @@ def build_page(engine: Engine) -> gr.Blocks:
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
         return STOPPED
 
-    async def warm_up(shapes, model, hardware, mode, placement, tp_size, progress=gr.Progress()):
+    async def warm_up(shapes, model, hardware, mode, placement, tp_size, batches=("1",), progress=gr.Progress()):
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
         params = _params("warm-up", model, hardware, mode, placement, tp_size, None, None, None, None)
+        sizes = [int(b) for b in batches or ("1",) if str(b).isdigit()]
         try:
-            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report)), progress)
+            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report, sizes)),
+                                   progress)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        return "Warmed: " + ", ".join(f"{r.shape} ({r.state}, {r.compile_seconds:.2f} s compile)" for r in records)
+        return "Warmed: " + ", ".join(f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} ({r.state}, "
+                                      f"{r.compile_seconds:.2f} s compile)" for r in records)
 
     def refresh_status(drawn):
         """The panels; the chart is drawn again only when its points changed since this page last drew it."""
         snapshot = engine.snapshot()
+        counters = snapshot.counters
         line = (f"Line: {snapshot.queue_depth} waiting (limit {snapshot.queue_limit}) · requests "
-                + ", ".join(f"{outcome} {count}" for outcome, count in snapshot.counters.requests.items()))
+                + ", ".join(f"{outcome} {count}" for outcome, count in counters.requests.items())
+                + f" · {counters.drawn} image(s) drawn in {counters.calls} pipeline call(s)")
         points = latency_points(snapshot)
         chart_update = gr.skip() if drawn == points else latency_chart(points)
         return status_rows(snapshot), replica_rows(snapshot), chart_update, \
@@ -342,6 +350,8 @@ def build_page(engine: Engine) -> gr.Blocks:
         with gr.Accordion("Warm-up", open=False):
             warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)],
                                            label="Shapes to compile")
+            warm_batches = gr.CheckboxGroup([str(b) for b in BUCKETS], value=["1"],
+                                            label="Batch sizes (waiting requests drawn together in one call)")
             warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
             warm_result = gr.Markdown()
         gr.Markdown("## Replicas")
@@ -356,7 +366,7 @@ def build_page(engine: Engine) -> gr.Blocks:
         generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
                                concurrency_id="device")
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
-        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size], warm_result,
+        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size, warm_batches], warm_result,
                           api_name="warm_up", concurrency_id="device")
         drawn = gr.State(None)  # the chart's points as this page last drew them
         panels = [table, replicas_table, chart, startup_text, drawn]

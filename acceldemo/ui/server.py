@@ -19,7 +19,7 @@ from .. import config
 from ..config import Settings
 from ..builder import build_engine
 from ..engine import Engine, as_json, parse_resolution
-from ..errors import AcceldemoError
+from ..errors import AcceldemoError, InvalidRequest
 from ..records import Shape
 from .openai_api import ImageStore, openai_http_error, openai_router
 from .page import CSS, build_page
@@ -27,12 +27,18 @@ from .page import CSS, build_page
 log = logging.getLogger("acceldemo.server")
 
 
-def parse_warmup(spec: str | None) -> tuple[str, list[Shape]] | None:
-    """`MODE:WxH,WxH` (e.g. compiled:64x64,128x64) to a mode and shapes; None when unset."""
+def parse_warmup(spec: str | None) -> tuple[str, list[Shape], tuple[int, ...]] | None:
+    """`MODE:WxH,WxH[@B,B]` (e.g. compiled:64x64,128x64@1,2,4) to a mode, shapes and the batch sizes compiled at
+    each (calls drawing that many requests together; default 1); None when unset."""
     if not spec:
         return None
-    mode, _, sizes = spec.partition(":")
-    return mode, [parse_resolution(s) for s in sizes.split(",") if s.strip()]
+    mode, _, rest = spec.partition(":")
+    sizes, _, batches = rest.partition("@")
+    try:
+        counts = tuple(int(b) for b in batches.split(",") if b.strip()) or (1,)
+    except ValueError:
+        raise InvalidRequest("warmup", spec, "MODE:WxH[,WxH...][@B,B...], e.g. compiled:64x64@1,2,4") from None
+    return mode, [parse_resolution(s) for s in sizes.split(",") if s.strip()], counts
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -57,7 +63,7 @@ def bearer_guard(token: str | None):
     return check
 
 
-def create_app(engine: Engine, warmup: tuple[str, list[Shape]] | None = None, model: str | None = None,
+def create_app(engine: Engine, warmup: tuple[str, list[Shape], tuple[int, ...]] | None = None, model: str | None = None,
                auth: tuple[str, str] | None = None, api_token: str | None = None) -> FastAPI:
     """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
     (or has run past `warmup_timeout_s`).
@@ -72,7 +78,8 @@ def create_app(engine: Engine, warmup: tuple[str, list[Shape]] | None = None, mo
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         if warmup:
-            engine.start_warm_up(*warmup, model=model)
+            mode, shapes, batches = warmup
+            engine.start_warm_up(mode, shapes, model=model, batches=batches)
         yield
         images.close()
         engine.close()
@@ -116,7 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=settings.port,
                         help="port (default 7860; env GRADIO_SERVER_PORT, else PORT)")
     parser.add_argument("--warmup", default=settings.warmup,
-                        help="compile at start: MODE:WxH[,WxH...], e.g. compiled:64x64,128x64 (env ACCELDEMO_WARMUP)")
+                        help="compile at start: MODE:WxH[,WxH...][@B,B...], e.g. compiled:64x64,128x64, or with the "
+                             "batch sizes of calls drawing requests together compiled too, compiled:64x64@1,2,4 "
+                             "(env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
     parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
     parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
