@@ -86,7 +86,9 @@ def test_without_a_seed_each_request_draws_its_own_and_says_which(client):
     assert not (pixels(first.data[0].b64_json) == pixels(second.data[0].b64_json)).all()
     again = client.images.generate(prompt="a red circle", size="64x64",
                                    extra_body={"seed": seeds[1][1], "num_inference_steps": 2})
-    assert (pixels(again.data[0].b64_json) == pixels(second.data[1].b64_json)).all()  # the seed it names makes it again
+    # The seed it names makes it again (within one level: the n=2 request was one batched call, which may round
+    # differently).
+    assert np.abs(pixels(again.data[0].b64_json).astype(int) - pixels(second.data[1].b64_json)).max() <= 1
 
 
 @pytest.mark.slow
