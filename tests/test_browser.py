@@ -120,9 +120,13 @@ def test_latency_chart_draws_a_new_point_in_its_series_colour(page):
     assert pixels_of(after, colour) > pixels_of(before, colour) if before is not None else pixels_of(after, colour)
 
 
-def cancelled_jobs(server) -> int:
+def status(server) -> dict:
     with urllib.request.urlopen(server + "/status", timeout=10) as response:
-        return json.load(response)["counters"]["requests"]["cancelled"]
+        return json.load(response)
+
+
+def cancelled_jobs(server) -> int:
+    return status(server)["counters"]["requests"]["cancelled"]
 
 
 def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
@@ -131,7 +135,12 @@ def test_stop_ends_the_running_job_and_the_next_generate_runs(page, server):
     type_resolution(page, "512x512")
     page.locator("#steps input").fill("100")  # seconds of denoising on the tiny model: time to press Stop
     page.locator("#generate").click()
-    page.locator("#image").get_by_text("denoise step").wait_for(timeout=120_000)
+    # Drawing: the engine runs it (the page's progress text may already have given way to the first preview).
+    deadline = time.time() + 120
+    while not any(device["running"] for device in status(server)["devices"]):
+        assert time.time() < deadline, "the job did not start"
+        time.sleep(0.25)
+    page.wait_for_timeout(1000)  # a few denoise steps in
     page.locator("#stop").click()
     page.locator("#facts").get_by_text(STOPPED.replace("**", "")).wait_for(timeout=10_000)
     deadline = time.time() + 30
