@@ -88,6 +88,9 @@ class Settings:
     # {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}; credentials are best left to each library's own
     # variables and files (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN).
     artifacts_options: dict = field(default_factory=dict)
+    # LoRA styles: <dir>/<model>/<name>.safetensors (as diffusers/PEFT save them, or a format diffusers' loaders
+    # convert), offered beside the styles a model ships with; None: only those.
+    lora_dir: Path | None = None
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> "Settings":
@@ -165,6 +168,7 @@ class Settings:
             ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
             artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),
             artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),
+            lora_dir=Path(text("ACCELDEMO_LORA_DIR")) if text("ACCELDEMO_LORA_DIR") else None,
         )
 
     def replicas_of(self, hardware: str) -> int | None:
@@ -177,7 +181,7 @@ class Settings:
     @staticmethod
     def from_json(text: str) -> "Settings":
         values = json.loads(text)
-        paths = {"cache_dir", "model_dir"}
+        paths = {"cache_dir", "model_dir", "lora_dir"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
 
 

@@ -150,6 +150,52 @@ class GenerateParams:
     background: object = None
     # True: the progress events carry previews of the image as it forms (see `Preview`).
     previews: object = None
+    # An edit: the picture(s) to start from (encoded bytes as uploaded, a PIL image, or a list of them), the region
+    # that may change (OpenAI's mask: a PNG, transparent where the picture changes) and how much it changes (0, 1].
+    image: object = None
+    mask: object = None
+    strength: object = None
+    # A LoRA style by name (one the model offers; None or "none": no style) and its strength.
+    lora: object = None
+    lora_scale: object = None
+
+
+@dataclass(frozen=True)
+class EditInput:
+    """The picture(s) a request changes, checked: each at the request's size as PNG bytes, the region that may change
+    (a PNG mask at that size, white where it changes; None: all of it), the strength, how the model edits
+    ("strength": noise the picture to the strength's sigma and denoise the rest; "reference": reference images the
+    transformer attends to) and what was uploaded (for the facts)."""
+
+    images: tuple[bytes, ...]
+    method: str
+    strength: float
+    mask: bytes | None = None
+    source: str = ""
+
+    def pictures(self) -> list:
+        from io import BytesIO
+
+        from PIL import Image
+
+        return [Image.open(BytesIO(data)).convert("RGB") for data in self.images]
+
+    def mask_picture(self):
+        from io import BytesIO
+
+        from PIL import Image
+
+        return Image.open(BytesIO(self.mask)).convert("L") if self.mask else None
+
+    def denoise_steps(self, steps: int) -> int:
+        """The steps a strength edit denoises of `steps` (diffusers' image-to-image rule); all of them otherwise."""
+        if self.method != "strength":
+            return steps
+        return steps - int(max(steps - min(steps * self.strength, steps), 0))
+
+    def facts(self) -> dict:
+        return {"method": self.method, "strength": self.strength if self.method == "strength" else None,
+                "images": len(self.images), "mask": self.mask is not None, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -174,6 +220,11 @@ class Request:
     quality: str | None = None
     # Whether the progress events carry previews of the image as it forms.
     previews: bool = False
+    # The picture(s) it edits (None: text to image).
+    edit: EditInput | None = None
+    # The LoRA style it is drawn with (None: none) and that style's strength.
+    lora: str | None = None
+    lora_scale: float = 1.0
 
     @property
     def model(self) -> str:
@@ -194,14 +245,24 @@ class Request:
     @property
     def graph_key(self) -> tuple:
         """What makes torch.compile build a new graph for this request (the model says: see `ModelSpec.graph_key`)."""
-        return self.spec.graph_key(self.shape, self.num_images, self.guidance)
+        return self.spec.graph_key(self.shape, self.num_images, self.guidance, self.references)
+
+    @property
+    def references(self) -> int:
+        """Reference pictures the transformer attends to (each adds its tokens to the static shape)."""
+        return len(self.edit.images) if self.edit and self.edit.method == "reference" else 0
+
+    @property
+    def denoise_steps(self) -> int:
+        """The steps the call denoises: all of them, or a strength edit's share."""
+        return self.edit.denoise_steps(self.steps) if self.edit else self.steps
 
     @property
     def batch_key(self) -> tuple:
         """What requests drawn in one pipeline call have in common: the pipeline and every call setting but the
-        prompt and the seed."""
+        prompt and the seed (a call has one LoRA style at one strength)."""
         return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.shape, self.steps,
-                self.guidance)
+                self.guidance, self.lora, self.lora_scale)
 
     def key(self, devices: DeviceSet) -> "PipelineKey":
         """The pipeline that runs this request on `devices`."""
@@ -267,7 +328,7 @@ class Batch:
     @property
     def graph_key(self) -> tuple:
         """What makes torch.compile build a new graph: the call's batch size is part of its static shape."""
-        return self.first.spec.graph_key(self.first.shape, self.size, self.first.guidance)
+        return self.first.spec.graph_key(self.first.shape, self.size, self.first.guidance, self.first.references)
 
     @property
     def label(self) -> str:
@@ -439,4 +500,6 @@ class GenerateResult:
             "preview_seconds": round(self.preview_seconds, 4),
             "device": str(self.key.devices or self.key.hardware), "node": self.node,
             "unknown_words": list(self.unknown_words), "note": self.note, "batch": self.batch,
+            "edit": r.edit.facts() if r.edit else None, "lora": r.lora,
+            "lora_scale": r.lora_scale if r.lora else None,
         }

@@ -41,8 +41,9 @@ class BatchPolicy:
 
     def sharing(self, request: Request) -> Sharing | None:
         """How the request's tickets share calls in the line; None when batching is off (ACCELDEMO_MAX_BATCH=1), and
-        for a request asking for previews (a call's previews are of its first picture: no one sees another's)."""
-        if self.settings.max_batch == 1 or request.previews:
+        for a request asking for previews (a call's previews are of its first picture: no one sees another's), and for
+        an edit (its picture is its own)."""
+        if self.settings.max_batch == 1 or request.previews or request.edit is not None:
             return None
         return Sharing(request.batch_key, lambda devices, n: self.take(request, devices, n))
 

@@ -12,12 +12,15 @@ from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
 from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode_note, offered_by
 from ..models.catalog import QUALITIES, ModelSpec, get_model
+from ..models.loras import model_loras
 from ..records import DeviceSet, GenerateParams, Mode, Placement, Request, Shape
+from .pictures import check_edit
 
 MAX_PROMPT_CHARS = 2000
 MAX_IMAGES = 4
 MAX_GUIDANCE = 30.0
 MAX_SEED = 2**63 - 1
+MAX_LORA_SCALE = 2.0
 # OpenAI's background values.
 BACKGROUNDS = ("transparent", "opaque", "auto")
 # What a request that names no mode gets.
@@ -215,8 +218,7 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     if devices is not None:
         check_device_set(devices, adapter, local_devices(placement, tp_size, settings.pool_nnodes))
     typed = None if _absent(params.resolution) else parse_resolution(params.resolution)
-    shape = check_shape(spec, *((typed.width, typed.height) if typed else
-                                (spec.default_shape.width, spec.default_shape.height)))
+    shape = check_shape(spec, typed.width, typed.height) if typed else None
     num_images = 1 if _absent(params.num_images) else _whole("num_images", params.num_images, 1, MAX_IMAGES)
     # The last image's seed is seed + num_images - 1: every one of them must be a seed.
     top = MAX_SEED - num_images + 1
@@ -224,12 +226,40 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     quality = None if _absent(params.quality) else _one_of("quality", params.quality, QUALITIES)
     check_background(spec, params.background)
     steps = (spec.steps_for(quality) if quality else spec.steps) if _absent(params.steps) else params.steps
+    steps = _whole("steps", steps, 1, spec.max_steps)
+    edit = None
+    if not _absent(params.image) and params.image != []:
+        edit, shape = check_edit(spec, params.image, params.mask, params.strength, shape, steps)
+    elif not _absent(params.mask) or not _absent(params.strength):
+        field = "mask" if not _absent(params.mask) else "strength"
+        raise InvalidRequest(field, "given without an image", "only with an image to edit")
+    lora, lora_scale = check_lora(spec, settings, placement, params.lora, params.lora_scale)
     return Request(
-        prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size, shape=shape,
-        steps=_whole("steps", steps, 1, spec.max_steps),
+        prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size,
+        shape=shape or spec.default_shape, steps=steps,
         guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
                          0.0, MAX_GUIDANCE),
-        seed=seed, num_images=num_images, devices=devices, quality=quality, previews=bool(params.previews))
+        seed=seed, num_images=num_images, devices=devices, quality=quality, previews=bool(params.previews),
+        edit=edit, lora=lora, lora_scale=lora_scale)
+
+
+def check_lora(spec: ModelSpec, settings: Settings, placement: Placement, name: object,
+               scale: object) -> tuple[str | None, float]:
+    """The LoRA style by name (one the model offers) and its strength; (None, 1.0) for none."""
+    if _absent(name) or name == "none":
+        if not _absent(scale) and name != "none":
+            raise InvalidRequest("lora_scale", scale, "only with a LoRA style (lora)")
+        return None, 1.0
+    styles = model_loras(spec, settings)
+    if name not in styles:
+        if not styles:
+            raise InvalidRequest("lora", name, f"none: {spec.name} offers no LoRA styles (ACCELDEMO_LORA_DIR/"
+                                               f"{spec.name}/NAME.safetensors adds some)")
+        raise UnknownName("lora", name, ["none", *styles])
+    if placement is Placement.TP:
+        raise UnsupportedCombination("lora", f"lora: styles are not offered with tensor-parallel placement yet "
+                                             f"(sharded layers); run {spec.name} on one device or with offload")
+    return str(name), 1.0 if _absent(scale) else _number("lora_scale", scale, 0.0, MAX_LORA_SCALE)
 
 
 def _one_of(field: str, value: object, known: tuple[str, ...]) -> str:

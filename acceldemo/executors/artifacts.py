@@ -374,6 +374,18 @@ class PrecompiledTransformer:
             self.events["published" if self.store.publish(path) else "store_failed"] += 1
         return runner
 
+    def weights_changed(self) -> None:
+        """The live module's tensors were written in place (a LoRA style swapped in, its strength set): every
+        loaded package takes them again, so what inductor folded from them at load is folded anew."""
+        for runner in self.runners.values():
+            self._give_weights(runner)
+
+    def _give_weights(self, runner) -> None:
+        # Every name a tensor goes by (tensors shared by several modules, as LoRA strengths can be, included).
+        weights = dict(self.transformer.named_parameters(remove_duplicate=False)) | \
+            dict(self.transformer.named_buffers(remove_duplicate=False))
+        runner.load_constants(weights, check_full_update=True, user_managed=True)
+
     def _open(self, path: Path) -> Callable:
         """The package's compiled transformer, running on this transformer's own weights."""
         import torch
@@ -382,6 +394,5 @@ class PrecompiledTransformer:
             # torch's own pytree deprecation, raised while unpickling the package
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             runner = torch._inductor.aoti_load_package(str(path))
-        weights = dict(self.transformer.named_parameters()) | dict(self.transformer.named_buffers())
-        runner.load_constants(weights, check_full_update=True, user_managed=True)
+        self._give_weights(runner)
         return runner

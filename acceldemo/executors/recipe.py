@@ -12,7 +12,10 @@ from ..config import Settings
 from ..hardware import Hardware
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
+from ..models.catalog import get_model
+from .edits import EditCall
 from .previews import PreviewMaker
+from .styles import prepare_styles, use_style
 from .remote import STORE_EVENTS
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
@@ -55,6 +58,8 @@ def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, set
     With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
     of time, one package per shape (see `artifacts`).
     """
+    if placement is not Placement.TP and model:  # LoRA layers before the first compile (see `styles`)
+        prepare_styles(pipe, get_model(model), settings)
     if placement is Placement.OFFLOAD:
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
@@ -186,12 +191,14 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
 
     batch = Batch.of(call)
     request = batch.first
-    steps = request.steps
+    steps = request.denoise_steps
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
     previews = PreviewMaker(pipe, request.spec, request, cache_dir) if request.previews and cache_dir else None
+    edit: EditCall | None = None
 
     def on_step_end(pipeline, i, t, tensors):
+        edit.after_step(i, tensors)
         step_ends.append(time.perf_counter())
         preview = previews.at_step(i + 1, tensors["latents"], step_ends[-1] - started) if previews else None
         on_progress(Progress(Phase.DENOISE, f"step {i + 1}/{steps}", i + 1, steps, step_ends[-1] - started,
@@ -210,13 +217,15 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     elif expect_compile:
         on_progress(Progress(Phase.COMPILE, f"compiling {batch.label} (first time for this shape)"))
     kwargs = pipeline_kwargs(batch, output_type, callback_on_step_end=on_step_end)
+    use_style(pipe, request.spec, request.lora, request.lora_scale)
+    edit = EditCall(pipe, batch, kwargs)
     # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
     gate = contextlib.nullcontext() if not request.mode.compiles else \
         COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
     sized = torch._dynamo.config.patch(**limits) if limits and request.mode.compiles else contextlib.nullcontext()
     with gate, sized, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode):
         started = time.perf_counter()
-        images = pipe(**kwargs).images
+        images = edit.pipe(**kwargs).images
         hardware.synchronize()
     seconds = time.perf_counter() - started
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]

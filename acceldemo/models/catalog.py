@@ -68,6 +68,13 @@ class ModelSpec:
     quality_steps: dict[str, int] = field(default_factory=lambda: {"low": 2, "medium": 4, "high": 8})
     # Whether its VAE decodes an alpha channel (OpenAI's background "transparent"); none of these does.
     alpha: bool = False
+    # How it edits a picture: "strength" (image-to-image: the picture noised to the strength's sigma, the rest
+    # denoised) or "reference" (FLUX.2: reference images the transformer attends to); and whether it repaints only
+    # a masked region (inpainting) — only where the strength path is this project's own (FLUX.2 pipelines).
+    edits: str = "strength"
+    inpaints: bool = False
+    # Reference pictures one edit may give ("reference" models).
+    max_references: int = 1
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r})"
@@ -101,13 +108,15 @@ class ModelSpec:
                                                    else "")
         return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
 
-    def graph_key(self, shape: Shape, num_images: int, guidance: float) -> tuple:
+    def graph_key(self, shape: Shape, num_images: int, guidance: float, references: int = 0) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
-        latents) or the latent size, the transformer batch (classifier-free guidance doubles it) and the text
-        length; the prompt, seed, steps and guidance value do not."""
+        latents; reference pictures, each at the image's size, add as many again) or the latent size, the
+        transformer batch (classifier-free guidance doubles it) and the text length; the prompt, seed, steps,
+        guidance value, LoRA style and its strength do not."""
         batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
         g = 16 if self.packed_latents else 1
-        size = ((shape.width // g) * (shape.height // g),) if self.packed_latents else (shape.width, shape.height)
+        size = ((shape.width // g) * (shape.height // g) * (1 + references),) if self.packed_latents else \
+            (shape.width, shape.height)
         return (*size, batch, self.max_sequence_length)
 
 
@@ -118,7 +127,7 @@ _TINY = dict(dtype="float32", min_side=64, max_side=512, default_shape=Shape(64,
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
-        pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0,
+        pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
         max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), attention_heads=4,
         description="A FLUX.2-klein-family model trained here to draw one coloured shape on a background at "
                     f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from captions such as "
@@ -131,6 +140,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
+        edits="reference", max_references=4,
         max_sequence_length=64, tp_components=("transformer", "text_encoder"), attention_heads=4,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
@@ -144,10 +154,12 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256,
+        edits="reference", max_references=4,
         tp_components=("transformer", "text_encoder"), attention_heads=4, **_TINY),
     ModelSpec(
         name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
         repo="black-forest-labs/FLUX.2-klein-4B", steps=4, guidance=1.0,
+        edits="reference", max_references=4,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 8 * GB, "text_encoder": 8 * GB, "vae": GB // 5},
         tp_components=("transformer", "text_encoder"), attention_heads=24, max_batch=4, activation_bytes=3 * GB,
@@ -172,6 +184,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
         repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
+        edits="reference", max_references=4,
         quality_steps={"low": 16, "medium": 28, "high": 50},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
         component_bytes={"transformer": 64 * GB, "text_encoder": 48 * GB, "vae": GB // 5},
