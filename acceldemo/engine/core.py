@@ -23,6 +23,7 @@ from ..executors.base import Executor
 from ..hardware import HardwareRegistry
 from ..models.catalog import CATALOG, get_model
 from ..models.loading import model_availability
+from ..models.loras import model_loras
 from ..records import (Batch, DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
                        ProgressCallback, ReplicaState, Request, Shape, no_progress)
 from .admission import Line, Sharing, Ticket
@@ -565,7 +566,9 @@ class Engine:
                 spec.name, spec.title, spec.pipeline_class, spec.repo, spec.description, spec.steps, spec.guidance,
                 spec.default_shape, spec.presets, spec.only_presets, spec.granularity, spec.example_prompts,
                 available, where, spec.name == self.settings.default_model,
-                tuple(self.offer(spec.name, name) for name in here)))
+                tuple(self.offer(spec.name, name) for name in here),
+                tuple(style.describe() for style in model_loras(spec, self.settings).values()), spec.edits,
+                spec.inpaints))
         return Description(hardware, tuple(models), self.settings.default_model, self.hardware.best_available(),
                            self.settings.pool_nnodes, self.artifacts.report(self.settings.precompile))
 

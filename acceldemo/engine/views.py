@@ -149,6 +149,11 @@ class ModelView:
     availability: str
     default: bool
     offers: tuple[Offer, ...]  # one per hardware found here
+    # Its LoRA styles (name, rank, layers, bytes), and how it edits a picture ("strength" or "reference") and
+    # whether it takes a mask.
+    loras: tuple[dict, ...] = ()
+    edits: str = "strength"
+    inpaints: bool = False
 
 
 @dataclass(frozen=True)

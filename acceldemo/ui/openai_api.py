@@ -438,7 +438,8 @@ def _model_entry(model: ModelView, created: int) -> dict:
     return {"id": model.name, "object": "model", "created": created, "owned_by": "acceldemo", "title": model.title,
             "available": model.available, "availability": model.availability, "default": model.default,
             "size": str(model.default_size), "sizes": [str(s) for s in model.presets],
-            "num_inference_steps": model.steps, "guidance_scale": model.guidance}
+            "num_inference_steps": model.steps, "guidance_scale": model.guidance, "loras": list(model.loras),
+            "edits": {"method": model.edits, "mask": model.inpaints}}
 
 
 def _fact_headers(result: GenerateResult) -> dict[str, str]:
