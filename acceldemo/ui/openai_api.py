@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..engine import MAX_IMAGES, Engine, ModelView
+from ..engine.pictures import MAX_IMAGE_BYTES
 from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, HardwareUnavailable, InvalidRequest,
                       ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
 from ..models.catalog import CATALOG
@@ -101,6 +102,12 @@ class ImageGenerationRequest(BaseModel):
     mode: str | None = None
     placement: str | None = None
     tp_size: int | None = None
+    # A LoRA style of the model (GET /v1/models lists each model's `loras`) and its strength (0-2).
+    lora: str | None = None
+    lora_scale: float | None = None
+
+    # The stream's event names: image_generation.partial_image, image_generation.completed.
+    stream_kind: ClassVar[str] = "image_generation"
 
     @property
     def format(self) -> str:
@@ -127,7 +134,11 @@ class ImageGenerationRequest(BaseModel):
             prompt=self.prompt, model=self.model, hardware=self.hardware, mode=self.mode, placement=self.placement,
             tp_size=self.tp_size, resolution=None if self.size == "auto" else self.size,
             steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n,
-            quality=self.quality, background=self.background, previews=self.partials > 0)
+            quality=self.quality, background=self.background, previews=self.partials > 0, lora=self.lora,
+            lora_scale=self.lora_scale, **self.pictures())
+
+    def pictures(self) -> dict:
+        return {}
 
     def options(self, request: EngineRequest) -> dict[str, dict[str, str]]:
         """What each OpenAI option given did here: `honoured` (and how), `ignored` (and why)."""
@@ -158,6 +169,61 @@ class ImageGenerationRequest(BaseModel):
             if getattr(self, name) is not None:
                 ignored[name] = f"{getattr(self, name)}: {why}"
         return {"honoured": honoured, "ignored": ignored}
+
+
+class ImageEditRequest(ImageGenerationRequest):
+    """POST /v1/images/edits (multipart form): OpenAI's `images.edit` — one picture or several (`image`/`image[]`,
+    reference images where the model edits with them), an optional `mask` (PNG, transparent where the picture
+    changes; only models that inpaint take one) — every field of `images.generate` above, and `strength` (0-1] for
+    models that edit by image-to-image. The files are checked by the engine (format, bytes, pixels)."""
+
+    image: list[bytes]
+    mask: bytes | None = None
+    strength: float | None = None
+    # OpenAI's fidelity to the input's faces and details (gpt-image-1): accepted, nothing here stands for it.
+    input_fidelity: Literal["low", "high"] | None = None
+
+    stream_kind: ClassVar[str] = "image_edit"
+
+    def pictures(self) -> dict:
+        return {"image": self.image, "mask": self.mask, "strength": self.strength}
+
+    def options(self, request: EngineRequest) -> dict[str, dict[str, str]]:
+        told = super().options(request)
+        if self.input_fidelity is not None:
+            told["ignored"]["input_fidelity"] = f"{self.input_fidelity}: no model here has a fidelity setting"
+        if self.strength is not None and request.edit and request.edit.method != "strength":
+            told["ignored"]["strength"] = f"{self.strength}: {request.model} edits with reference images"
+        return told
+
+
+# What one uploaded file may be at most (the engine states the picture limits; this only stops reading).
+MAX_UPLOAD_BYTES = MAX_IMAGE_BYTES + 1
+
+
+async def edit_form(request: Request) -> ImageEditRequest:
+    """The multipart form as an edit request: files read (at most one byte past the engine's limit, so that it
+    refuses them by size), text fields typed by the model like JSON fields."""
+    from starlette.datastructures import UploadFile
+
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InvalidRequest("image", "a request that is not multipart/form-data", "the picture as a file part of a "
+                                                                                    "multipart/form-data body")
+    async with request.form(max_files=16, max_fields=64) as form:
+        fields: dict = {}
+        for name, value in form.multi_items():
+            key = name.removesuffix("[]")
+            if isinstance(value, UploadFile):
+                value = await value.read(MAX_UPLOAD_BYTES)
+            if key == "image":
+                fields.setdefault("image", []).append(value if isinstance(value, bytes) else value.encode())
+            elif key == "mask" and isinstance(value, str):
+                fields["mask"] = value.encode()
+            else:
+                fields[key] = value
+    if not fields.get("image"):
+        raise InvalidRequest("image", "no file", "one picture (or several) as the form's image file(s)")
+    return ImageEditRequest.model_validate(fields)
 
 
 def partial_steps(total: int, wanted: int) -> list[int]:
@@ -322,13 +388,23 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
 
     @router.post("/images/generations")
     async def generations(request: Request) -> Response:
+        async def read() -> ImageGenerationRequest:
+            return ImageGenerationRequest.model_validate_json(await request.body())
+
+        return await answer(request, read)
+
+    @router.post("/images/edits")
+    async def edits(request: Request) -> Response:
+        return await answer(request, lambda: edit_form(request))
+
+    async def answer(request: Request, read) -> Response:
         try:
             startup = engine.startup
             if not startup.ready:
                 raise ApiError(503, f"the app is still warming up ({startup.shown}); /ready answers 200 once it is "
                                     "done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
-            asked = ImageGenerationRequest.model_validate_json(await request.body())
-            checked = engine.check(asked.params())
+            asked = await read()
+            checked = await run_in_threadpool(engine.check, asked.params())
             job = WatchedJob(lambda report: engine.submit(checked, report))
             if asked.stream:
                 return stream(job, asked, request)
@@ -378,8 +454,8 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
                 return None
             sent[value.image] = count + sum(1 for step in wanted[count:] if step <= value.preview.step)
             data = encode(value.preview.image(), asked.format, asked.output_compression)
-            return event("image_generation.partial_image", {
-                "type": "image_generation.partial_image", "b64_json": base64.b64encode(data).decode(),
+            return event(f"{asked.stream_kind}.partial_image", {
+                "type": f"{asked.stream_kind}.partial_image", "b64_json": base64.b64encode(data).decode(),
                 "partial_image_index": count, "created_at": int(time.time()), **shown, "index": value.image})
 
         async def sent_events() -> AsyncIterator[str]:
@@ -401,8 +477,8 @@ def openai_router(engine: Engine, images: ImageStore, dependencies: Sequence = (
                     return
                 made = await run_in_threadpool(encoded, result, asked)
                 for i, image in enumerate(made):
-                    yield event("image_generation.completed", {
-                        "type": "image_generation.completed", **image_data(client, asked, image),
+                    yield event(f"{asked.stream_kind}.completed", {
+                        "type": f"{asked.stream_kind}.completed", **image_data(client, asked, image),
                         "created_at": int(time.time()), **shown, "usage": NO_USAGE, "index": i,
                         "acceldemo": facts(result, asked, i)})
             finally:  # also when the client went away and the server stopped sending
