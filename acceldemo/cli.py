@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--repeat", type=int, default=1, help="runs per size (default 1)")
     generate.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs (default outputs/)")
     generate.add_argument("--json", action="store_true", help="one JSON line per image on stdout")
+    generate.add_argument("--image", type=Path, action="append", dest="images", metavar="PATH",
+                          help="edit this picture (PNG, JPEG, WebP; repeat for reference images where the model "
+                               "takes several); without --size: the picture's size or the model's nearest")
+    generate.add_argument("--mask", type=Path, metavar="PATH",
+                          help="with --image: a PNG, transparent where the picture may change (models that inpaint)")
+    generate.add_argument("--strength", type=float, help="with --image: how much changes, (0, 1] (default 0.8)")
+    generate.add_argument("--lora", metavar="NAME[:SCALE]",
+                          help="a LoRA style of the model (`info` lists them) and its strength (default 1)")
     generate.add_argument("--previews", type=Path, metavar="DIR",
                           help="also save each denoise step's preview of the image forming, as PNGs in DIR")
 
@@ -134,6 +142,8 @@ def cmd_info(args, engine) -> int:
     for m in description.models:
         print(f"  {m.name:<17} {m.pipeline:<25} {m.steps:>2} steps, guidance {m.guidance}, "
               f"default {m.default_size}, presets {' '.join(map(str, m.presets))}")
+        print(f"      edits by {m.edits}" + (" (takes a mask)" if m.inpaints else "") + "; LoRA styles: "
+              + (", ".join(f"{style['name']} (rank {style['rank']})" for style in m.loras) or "none"))
         for offer in m.offers:
             refused = [f"{o.name} ({o.reason})" for o in offer.modes if not o.ok]
             print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason}; "
@@ -166,12 +176,38 @@ def check_output_folder(folder: Path, field: str = "out") -> Path:
     return folder
 
 
+def read_picture(path: Path, field: str) -> bytes:
+    """A picture file's bytes (at most one past the engine's limit, which it then refuses by size)."""
+    from .engine.pictures import MAX_IMAGE_BYTES
+
+    try:
+        with open(path, "rb") as file:
+            return file.read(MAX_IMAGE_BYTES + 1)
+    except OSError as error:
+        raise InvalidRequest(field, str(path), f"a picture file this user can read ({error.strerror or error})") \
+            from None
+
+
+def lora_option(text: str | None) -> dict:
+    """--lora NAME[:SCALE] as the request's lora and lora_scale."""
+    if not text:
+        return {}
+    name, _, scale = text.rpartition(":") if ":" in text else (text, "", "")
+    return {"lora": name, "lora_scale": scale or None}
+
+
 def cmd_generate(args, engine) -> int:
     if args.repeat < 1:
         raise InvalidRequest("repeat", args.repeat, "a whole number of at least 1")
+    edit = {}
+    if args.images:
+        edit = {"image": [read_picture(path, "image") for path in args.images], "strength": args.strength,
+                "mask": read_picture(args.mask, "mask") if args.mask else None}
+    elif args.mask or args.strength is not None:
+        raise InvalidRequest("mask" if args.mask else "strength", "given without --image", "only with --image PATH")
     requests = [engine.check(params) for params in
                 _params(args, prompt=args.prompt, steps=args.steps, guidance=args.guidance, seed=args.seed,
-                        previews=args.previews is not None)]
+                        previews=args.previews is not None, **edit, **lora_option(args.lora))]
     check_output_folder(args.out)
     if args.previews is not None:
         check_output_folder(args.previews, "previews")
@@ -185,7 +221,10 @@ def cmd_generate(args, engine) -> int:
             if result.note and run == 0 and not args.json:
                 print(f"note: {result.note}", file=sys.stderr, flush=True)
             for i, image in enumerate(result.images):
-                path = args.out / f"{r.model}-{r.hardware}-{r.mode}-{r.width}x{r.height}-seed{r.seed}-{run}-{i}.png"
+                style = f"-{r.lora}{r.lora_scale:g}" if r.lora else ""
+                kind = f"-edit{r.edit.strength:g}" if r.edit else ""
+                path = args.out / (f"{r.model}-{r.hardware}-{r.mode}-{r.width}x{r.height}{kind}{style}-seed{r.seed}-"
+                                   f"{run}-{i}.png")
                 image.save(path)
                 facts = {**result.facts(), "path": str(path)}
                 if args.json:
