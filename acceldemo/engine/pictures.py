@@ -80,7 +80,8 @@ def _png(picture) -> bytes:
     return out.getvalue()
 
 
-def check_strength(strength: object, steps: int) -> float:
+def check_strength(strength: object) -> float:
+    """A strength of (0, 1]: any of them denoises at least one step (diffusers' rule keeps the last)."""
     accepted = "a number greater than 0 and at most 1"
     try:
         value = float(strength) if not isinstance(strength, bool) and len(str(strength)) < 40 else float("nan")
@@ -88,14 +89,11 @@ def check_strength(strength: object, steps: int) -> float:
         raise InvalidRequest("strength", strength, accepted) from None
     if not 0 < value <= 1:
         raise InvalidRequest("strength", strength, accepted)
-    if steps - int(max(steps - min(steps * value, steps), 0)) < 1:
-        raise InvalidRequest("strength", strength, f"at least {1 / steps:g} at {steps} steps (strength × steps is "
-                                                   "the steps the edit denoises)")
     return value
 
 
-def check_edit(spec: ModelSpec, images: object, mask: object, strength: object, shape: Shape | None,
-               steps: int) -> tuple[EditInput, Shape]:
+def check_edit(spec: ModelSpec, images: object, mask: object, strength: object,
+               shape: Shape | None) -> tuple[EditInput, Shape]:
     """The edit's pictures at the request's size (or the model's preset nearest their proportions when it names
     none), and the size; or the first thing wrong with them."""
     pictures = [decode("image", data) for data in _as_list(images)]
@@ -114,7 +112,7 @@ def check_edit(spec: ModelSpec, images: object, mask: object, strength: object, 
                                                     "by image-to-image") + "); send the edit without a mask")
         region = _region(decode("mask", mask), pictures[0], size)
     method = spec.edits
-    value = check_strength(DEFAULT_STRENGTH if strength is None or strength == "" else strength, steps) \
+    value = check_strength(DEFAULT_STRENGTH if strength is None or strength == "" else strength) \
         if method == "strength" else 1.0
     source = ", ".join(f"{p.format} {p.width}x{p.height}" for p in pictures)
     fitted = tuple(_png(_fit(p.convert("RGB"), size)) for p in pictures)

@@ -229,7 +229,7 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     steps = _whole("steps", steps, 1, spec.max_steps)
     edit = None
     if not _absent(params.image) and params.image != []:
-        edit, shape = check_edit(spec, params.image, params.mask, params.strength, shape, steps)
+        edit, shape = check_edit(spec, params.image, params.mask, params.strength, shape)
     elif not _absent(params.mask) or not _absent(params.strength):
         field = "mask" if not _absent(params.mask) else "strength"
         raise InvalidRequest(field, "given without an image", "only with an image to edit")
