@@ -54,18 +54,21 @@ def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps
                           lora_scale=lora_scale if styled else None)
 
 
-class PictureUpload(gr.Image):
-    """The picture to edit, handed to the engine as the uploaded file's bytes: the engine checks pictures and says
-    what is wrong with a file that is not one, where the stock component would open it first and answer a
-    non-picture with Gradio's generic error."""
+def picture_upload(**options) -> gr.Image:
+    """An Image input that hands the engine the uploaded file's bytes: the engine checks pictures and says what is
+    wrong with a file that is not one, where the stock preprocessing opens it first and answers a non-picture with
+    Gradio's generic error. Not a subclass: Gradio's component metaclass writes a .pyi beside the module that
+    defines one, on every import."""
+    picture = gr.Image(**options)
+    stock = picture.preprocess
 
-    def get_block_name(self) -> str:
-        return "image"  # the stock Image's frontend
-
-    def preprocess(self, payload):
+    def as_uploaded(payload):
         if payload is None or payload.path is None:  # nothing, or a pasted data: URL (decoded the stock way)
-            return super().preprocess(payload)
+            return stock(payload)
         return Path(payload.path).read_bytes()
+
+    picture.preprocess = as_uploaded
+    return picture
 
 
 # The picture fills its frame whatever its size, scaled up without smoothing: a 64x64 image is 384 px of sharp
@@ -391,8 +394,8 @@ def build_page(engine: Engine) -> gr.Blocks:
                 notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
                                     elem_id="mode-notes")
                 with gr.Row():
-                    picture = PictureUpload(label="Picture to edit (optional)", type="pil", format="png",
-                                            sources=["upload", "clipboard"], height=192, elem_id="picture")
+                    picture = picture_upload(label="Picture to edit (optional)", type="pil", format="png",
+                                             sources=["upload", "clipboard"], height=192, elem_id="picture")
                     with gr.Column():
                         strength = gr.Slider(0.05, 1, value=DEFAULT_STRENGTH, step=0.05, label="Edit strength",
                                              elem_id="strength", **strength_use(default))
