@@ -13,15 +13,17 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ..engine import Description, Engine, Offer, Snapshot, as_json, together
+from ..engine import Description, Engine, ModelView, Offer, Snapshot, as_json, together
+from ..engine.pictures import DEFAULT_STRENGTH
 from ..errors import AcceldemoError
 from ..hardware import all_modes
-from ..records import GenerateParams, GenerateResult, Phase, Placement, Progress
+from ..records import EditInput, GenerateParams, GenerateResult, Phase, Placement, Progress
 from ..executors.recipe import BUCKETS
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
+NO_STYLE = "none"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "batch", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
 REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
@@ -40,12 +42,33 @@ def series_colors() -> dict[str, str]:
 
 
 def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-            previews: bool = False) -> GenerateParams:
-    """The page's values as the engine's raw request (the placement "auto" is the engine's own proposal)."""
+            previews: bool = False, picture=None, strength=None, lora=None, lora_scale=None) -> GenerateParams:
+    """The page's values as the engine's raw request (the placement "auto" is the engine's own proposal; the
+    strength counts only with a picture, the style strength only with a style, as the engine wants them)."""
     placement = None if placement in (None, AUTO) else placement
+    styled = lora not in (None, "", NO_STYLE)
     return GenerateParams(prompt=prompt, model=model, hardware=hardware, mode=mode, placement=placement,
                           tp_size=tp_size if placement == Placement.TP else None, resolution=resolution, steps=steps,
-                          guidance=guidance, seed=seed, previews=previews)
+                          guidance=guidance, seed=seed, previews=previews, image=picture,
+                          strength=strength if picture is not None else None, lora=lora if styled else None,
+                          lora_scale=lora_scale if styled else None)
+
+
+def picture_upload(**options) -> gr.Image:
+    """An Image input that hands the engine the uploaded file's bytes: the engine checks pictures and says what is
+    wrong with a file that is not one, where the stock preprocessing opens it first and answers a non-picture with
+    Gradio's generic error. Not a subclass: Gradio's component metaclass writes a .pyi beside the module that
+    defines one, on every import."""
+    picture = gr.Image(**options)
+    stock = picture.preprocess
+
+    def as_uploaded(payload):
+        if payload is None or payload.path is None:  # nothing, or a pasted data: URL (decoded the stock way)
+            return stock(payload)
+        return Path(payload.path).read_bytes()
+
+    picture.preprocess = as_uploaded
+    return picture
 
 
 # The picture fills its frame whatever its size, scaled up without smoothing: a 64x64 image is 384 px of sharp
@@ -80,9 +103,19 @@ def image_file(image, folder: Path) -> str:
     return path
 
 
+def describe_edit(edit: EditInput) -> str:
+    """What an edit started from and how it changed it."""
+    how = (f"image-to-image at strength **{edit.strength:g}**" if edit.method == "strength" else
+           f"{len(edit.images)} reference picture(s)")
+    return f"edit: {how} · from {edit.source}" + (" · masked" if edit.mask else "")
+
+
 def describe_result(result: GenerateResult) -> str:
     """The facts a person reads beside the image."""
     r = result.request
+    drawn_with = [describe_edit(r.edit)] if r.edit else []
+    if r.lora:
+        drawn_with.append(f"style **{r.lora}** at strength {r.lora_scale:g}")
     reuse = "reused a compiled graph" if result.warm else (
         f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
         f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused" if result.compile_cache_hits
@@ -92,6 +125,7 @@ def describe_result(result: GenerateResult) -> str:
             f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
             f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}"
             + (f" · {together(result.batch - 1)}" if result.batch > 1 else "")
+            + (f"  \n{' · '.join(drawn_with)}" if drawn_with else "")
             + (f"  \n**{result.note}**" if result.note else ""))
 
 
@@ -204,6 +238,19 @@ def tp_size_choices(offer: Offer) -> dict:
     return {"choices": choices, "value": proposal if proposal in choices else next(iter(choices), None)}
 
 
+def style_choices(model: ModelView) -> list[str]:
+    """The LoRA styles the page offers for a model: none, then the model's own."""
+    return [NO_STYLE, *(style["name"] for style in model.loras)]
+
+
+def strength_use(model: ModelView) -> dict:
+    """The edit strength slider as it applies to a model: image-to-image uses it, reference images do not."""
+    if model.edits == "strength":
+        return {"interactive": True, "info": "how much of the picture is redrawn: 1 redraws all of it"}
+    return {"interactive": False, "info": f"not used: {model.title} edits with reference images (the picture guides "
+                                          "what the prompt draws)"}
+
+
 def build_page(engine: Engine) -> gr.Blocks:
     """The page over one engine: its description fills the selectors, its snapshot the panels."""
     description = engine.describe()
@@ -227,12 +274,16 @@ def build_page(engine: Engine) -> gr.Blocks:
             _show(progress, event)
         return await job.result()
 
+    # The edit and style inputs come last and have defaults: gradio_client callers that send the first ten values
+    # positionally keep working.
     async def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-                       session: gr.Request, progress=gr.Progress()):
+                       picture=None, strength=DEFAULT_STRENGTH, lora=NO_STYLE, lora_scale=1.0,
+                       session: gr.Request = None, progress=gr.Progress()):
         """The image forming in place: each preview as it comes (of the first image), then the image and its facts."""
         try:
             request = engine.check(_params(prompt, model, hardware, mode, placement, tp_size, resolution, steps,
-                                           guidance, seed, previews=True))
+                                           guidance, seed, previews=True, picture=picture, strength=strength,
+                                           lora=lora, lora_scale=lora_scale))
             job = running[session.session_hash] = WatchedJob(lambda report: engine.submit(request, report))
             try:
                 async for event in job.events():
@@ -254,6 +305,10 @@ def build_page(engine: Engine) -> gr.Blocks:
         job.cancel()
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
         return STOPPED
+
+    def edit_this(drawn):
+        """The image just drawn as the picture to edit (nothing drawn yet: the picture stays)."""
+        return gr.skip() if drawn is None else drawn
 
     async def warm_up(shapes, model, hardware, mode, placement, tp_size, batches=("1",), progress=gr.Progress()):
         if not shapes:
@@ -290,10 +345,13 @@ def build_page(engine: Engine) -> gr.Blocks:
     def on_model(model, hardware, placement):
         spec = catalog.get(model)
         if spec is None:
-            return gr.skip(), gr.skip(), gr.skip(), *notes_and_sizes(model, hardware, placement), gr.skip()
+            return (gr.skip(), gr.skip(), gr.skip(), *notes_and_sizes(model, hardware, placement), gr.skip(),
+                    gr.skip(), gr.skip())
         presets = [str(s) for s in spec.presets]
         return (gr.update(choices=presets, value=str(spec.default_size)), spec.steps, spec.guidance,
-                *notes_and_sizes(model, hardware, placement), gr.update(choices=presets, value=[str(spec.default_size)]))
+                *notes_and_sizes(model, hardware, placement),
+                gr.update(choices=presets, value=[str(spec.default_size)]),
+                gr.update(choices=style_choices(spec), value=NO_STYLE), gr.update(**strength_use(spec)))
 
     def on_hardware(model, hardware, placement):
         return notes_and_sizes(model, hardware, placement)
@@ -336,6 +394,18 @@ def build_page(engine: Engine) -> gr.Blocks:
                 notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
                                     elem_id="mode-notes")
                 with gr.Row():
+                    picture = picture_upload(label="Picture to edit (optional)", type="pil", format="png",
+                                             sources=["upload", "clipboard"], height=192, elem_id="picture")
+                    with gr.Column():
+                        strength = gr.Slider(0.05, 1, value=DEFAULT_STRENGTH, step=0.05, label="Edit strength",
+                                             elem_id="strength", **strength_use(default))
+                        # Any typed name reaches the engine, which names the styles a model offers: an API caller
+                        # may ask for another model's style than the first model's listed here.
+                        lora = gr.Dropdown(style_choices(default), value=NO_STYLE, allow_custom_value=True,
+                                           label="Style (LoRA)", elem_id="lora")
+                        lora_scale = gr.Slider(0, 2, value=1.0, step=0.05, label="Style strength",
+                                               elem_id="lora-scale")
+                with gr.Row():
                     run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
                 for spec in description.models:
@@ -345,6 +415,7 @@ def build_page(engine: Engine) -> gr.Blocks:
                                     visible_columns=[0])
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384)
+                edit_button = gr.Button("Edit this", size="sm", elem_id="edit-this")
                 facts = gr.Markdown(elem_id="facts")
                 facts_json = gr.JSON(label="Facts (JSON)", visible=False)
         with gr.Accordion("Warm-up", open=False):
@@ -362,10 +433,12 @@ def build_page(engine: Engine) -> gr.Blocks:
         chart = gr.Plot(format="png", show_label=False, elem_id="latency")
         timer = gr.Timer(2.0)
 
-        inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed]
+        inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+                  picture, strength, lora, lora_scale]
         generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
                                concurrency_id="device")
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
+        edit_button.click(edit_this, image, picture, queue=False, api_visibility="private")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size, warm_batches], warm_result,
                           api_name="warm_up", concurrency_id="device")
         drawn = gr.State(None)  # the chart's points as this page last drew them
@@ -379,8 +452,9 @@ def build_page(engine: Engine) -> gr.Blocks:
 
         gr.api(pipelines, api_name="status", queue=False)
         dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
-        model.change(on_model, [model, hardware, placement], [resolution, steps, guidance, notes, tp_size, warm_shapes],
-                     queue=False, api_visibility="private")
+        model.change(on_model, [model, hardware, placement],
+                     [resolution, steps, guidance, notes, tp_size, warm_shapes, lora, strength], queue=False,
+                     api_visibility="private")
         hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
                         api_visibility="private")
         placement.change(on_placement, [model, hardware, placement], notes, queue=False, api_visibility="private")
