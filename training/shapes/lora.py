@@ -46,7 +46,7 @@ SINGLE_BLOCK_LINEARS = ("attn.to_qkv_mlp_proj", "attn.to_out")
 LORA_PLAN = replace(
     TrainingPlan(),
     latent_pool_per_scene=4,
-    transformer_steps=600,
+    transformer_steps=1200,
     transformer_learning_rate=2e-3,
     transformer_weight_decay=0.0,
     transformer_shape_weight=12.0,
@@ -74,6 +74,7 @@ def train_lora(style: str, out: Path, plan: TrainingPlan, rank: int, base: Path 
         component.requires_grad_(False)
         component.eval()
     targets = target_modules(pipe.transformer)
+    torch.manual_seed(plan.seed)  # peft draws lora_A from torch's global generator (lora_B starts at zero)
     pipe.transformer.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights=True, target_modules=targets))
     trainable = sum(p.numel() for p in pipe.transformer.parameters() if p.requires_grad)
     print(f"LoRA rank {rank} on {len(targets)} linears: {trainable} trainable parameters", flush=True)
