@@ -61,6 +61,13 @@ CENTRE_JITTER = 1
 HELD_OUT_MODULUS = 9
 HELD_OUT_TEXT_SHARE = 8  # one in this many canonical texts of a family is held out
 
+# Drawing styles of `render`: the base model's filled shapes, and the outline a LoRA learns. The
+# outline's stroke is in pixels, the same at every size like the shape (22 px across), per shape: the
+# triangle's hollow is smallest (its inradius is 6.8 px against the others' 11), so its stroke is thinner;
+# thinner strokes come back from the VAE in muddier colours, a thicker one fills a triangle's hollow.
+STYLES = ("filled", "outline")
+OUTLINE_STROKE: dict[str, float] = {"circle": 5.0, "square": 5.0, "triangle": 3.0}
+
 _SUPERSAMPLE = 4  # draw at 4× and box-filter down, so edges are anti-aliased
 
 
@@ -192,8 +199,18 @@ def held_out_captions(family: str, count: int, seed: int = 0) -> list[Caption]:
     return captions
 
 
-def render(scene: Scene, width: int = 64, height: int = 64, seed: int | None = None) -> Image.Image:
-    """Draw a scene at width×height; seed=None draws it without jitter (exact size and centre)."""
+def render(
+    scene: Scene, width: int = 64, height: int = 64, seed: int | None = None, style: str = "filled"
+) -> Image.Image:
+    """Draw a scene at width×height; seed=None draws it without jitter (exact size and centre).
+
+    style "filled" (the default) fills the shape with its colour; "outline" draws only a stroke
+    `OUTLINE_STROKE[shape]` pixels wide along the same outer edge, the background showing inside (the
+    shape minus the same shape inset by the stroke: a uniform stroke, the triangle's inset about its
+    incentre). The same seed jitters both styles alike.
+    """
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; known styles: {', '.join(STYLES)}")
     centre_x, centre_y = POSITION_CENTRES[scene.position]
     centre_x, centre_y, half = centre_x * width, centre_y * height, HALF_SIZE
     if seed is not None:
@@ -212,15 +229,33 @@ def render(scene: Scene, width: int = 64, height: int = 64, seed: int | None = N
         (centre_y + half) * s,
     )
     fill_colour = PALETTE[scene.colour]
-    if scene.shape == "circle":
-        draw.ellipse((left, top, right, bottom), fill=fill_colour)
-    elif scene.shape == "square":
-        draw.rectangle((left, top, right, bottom), fill=fill_colour)
-    elif scene.shape == "triangle":
-        draw.polygon([(centre_x * s, top), (right, bottom), (left, bottom)], fill=fill_colour)
-    else:
-        raise ValueError(f"unknown shape {scene.shape!r}; known shapes: {', '.join(SHAPES)}")
+    _draw_shape(draw, scene.shape, centre_x * s, (left, top, right, bottom), fill_colour)
+    if style == "outline":
+        _draw_shape(draw, scene.shape, centre_x * s, (left, top, right, bottom), PALETTE[scene.background],
+                    inset=OUTLINE_STROKE[scene.shape] * s)
     return canvas.resize((width, height), Image.Resampling.BOX)
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, apex_x: float, box: tuple[float, float, float, float],
+                colour: tuple[int, int, int], inset: float = 0.0) -> None:
+    """Fill `shape` in `box` (the triangle's apex at apex_x, top), shrunk so each edge moves `inset` inwards."""
+    left, top, right, bottom = box
+    if shape == "circle":
+        draw.ellipse((left + inset, top + inset, right - inset, bottom - inset), fill=colour)
+    elif shape == "square":
+        draw.rectangle((left + inset, top + inset, right - inset, bottom - inset), fill=colour)
+    elif shape == "triangle":
+        corners = np.array([(apex_x, top), (right, bottom), (left, bottom)], dtype=np.float64)
+        if inset:
+            # Scale about the incentre by (r - inset) / r: every edge moves `inset` inwards.
+            sides = np.array([np.linalg.norm(corners[(i + 1) % 3] - corners[(i + 2) % 3]) for i in range(3)])
+            incentre = (sides[:, None] * corners).sum(axis=0) / sides.sum()
+            area = abs(np.cross(corners[1] - corners[0], corners[2] - corners[0])) / 2
+            inradius = 2 * area / sides.sum()
+            corners = incentre + (corners - incentre) * max(0.0, inradius - inset) / inradius
+        draw.polygon([tuple(corner) for corner in corners], fill=colour)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; known shapes: {', '.join(SHAPES)}")
 
 
 def images_as_tensor(images: list[Image.Image]) -> torch.Tensor:

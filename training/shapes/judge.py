@@ -143,3 +143,66 @@ def judge(image: Image.Image) -> Judgement:
         fill_ratio=fill_ratio,
         centroid_drop=centroid_drop,
     )
+
+
+# The outline check. The inner box is centred on the centroid of the shape's blob with its holes filled
+# (for a closed outline that is the whole shape, whose centroid lies inside a triangle's hollow too), a
+# side INNER_BOX_SHARE of the blob's shorter bounding-box side: inside a filled shape it is all shape
+# colour; inside a 4-pixel outline of a 22-pixel shape it is mostly background.
+INNER_BOX_SHARE = 0.3
+OUTLINE_CUT = 0.5  # an inner box more than half background reads as an outline
+
+
+def _fill_holes(mask: np.ndarray) -> np.ndarray:
+    """`mask` plus every pixel not 4-connected to the frame's border through pixels outside it."""
+    height, width = mask.shape
+    outside = np.zeros_like(mask)
+    queue = deque((y, x) for y in range(height) for x in (0, width - 1) if not mask[y, x])
+    queue.extend((y, x) for x in range(width) for y in (0, height - 1) if not mask[y, x])
+    for start in queue:
+        outside[start] = True
+    while queue:
+        y, x = queue.popleft()
+        for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+            if 0 <= ny < height and 0 <= nx < width and not mask[ny, nx] and not outside[ny, nx]:
+                outside[ny, nx] = True
+                queue.append((ny, nx))
+    return ~outside
+
+
+def hollowness(image: Image.Image) -> float | None:
+    """The share of the shape's inner box closer to the background colour than to the shape colour:
+    about 0 for a filled shape, most of the box for an outline; None where no shape is read.
+
+    Colours are read as `judge` reads them (background from the outer ring, shape colour from the
+    pixels far from it); the shape is the largest blob of pixels closer to the shape colour. The
+    inner box: `INNER_BOX_SHARE` of the blob's shorter bounding-box side, centred on the centroid
+    of the blob with its holes filled.
+    """
+    pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+    ring = np.concatenate([pixels[0], pixels[-1], pixels[1:-1, 0], pixels[1:-1, -1]])
+    background = _nearest_palette_colour(np.median(ring, axis=0))
+    background_rgb = np.array(PALETTE[background], dtype=np.float32)
+    far = np.linalg.norm(pixels - background_rgb, axis=2) > FAR_FROM_BACKGROUND
+    if not far.any():
+        return None
+    colour_rgb = np.array(PALETTE[_nearest_palette_colour(pixels[far].mean(axis=0), exclude=background)],
+                          dtype=np.float32)
+    closer_to_shape = np.linalg.norm(pixels - colour_rgb, axis=2) < np.linalg.norm(pixels - background_rgb, axis=2)
+    blob = _largest_blob(closer_to_shape)
+    ys, xs = np.nonzero(blob)
+    side = min(xs.max() - xs.min() + 1, ys.max() - ys.min() + 1)
+    half = max(1.0, INNER_BOX_SHARE * side / 2)
+    filled_ys, filled_xs = np.nonzero(_fill_holes(blob))
+    centre_x, centre_y = filled_xs.mean() + 0.5, filled_ys.mean() + 0.5
+    # Pixels whose centres fall in the box (at least the one under the centre).
+    x0, x1 = int(np.floor(centre_x - half + 0.5)), int(np.ceil(centre_x + half - 0.5))
+    y0, y1 = int(np.floor(centre_y - half + 0.5)), int(np.ceil(centre_y + half - 0.5))
+    inner = closer_to_shape[max(0, y0) : max(y1, y0 + 1), max(0, x0) : max(x1, x0 + 1)]
+    return float(1.0 - inner.mean())
+
+
+def is_outline(image: Image.Image) -> bool:
+    """Whether the shape is drawn as an outline (its inner box mostly background), not filled."""
+    measure = hollowness(image)
+    return measure is not None and measure > OUTLINE_CUT

@@ -191,11 +191,14 @@ def _shape_token_weights(images: torch.Tensor, shape_weight: float) -> torch.Ten
 
 
 @torch.no_grad()
-def encode_latent_pools(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> list[LatentPool]:
-    """One pool per supported size.
+def encode_latent_pools(
+    pipe: Flux2KleinPipeline, plan: TrainingPlan, style: str = "filled", set_statistics: bool = True
+) -> list[LatentPool]:
+    """One pool per supported size, of drawings in `style` (`dataset.render`).
 
-    Also sets the VAE's batch-norm running statistics from all these latents: the pipeline divides
-    and multiplies by exactly these, so the transformer works on unit-scale tokens.
+    With `set_statistics` (base training), also sets the VAE's batch-norm running statistics from all
+    these latents: the pipeline divides and multiplies by exactly these, so the transformer works on
+    unit-scale tokens. Without (a LoRA on a trained pipeline), the VAE's statistics are kept and used.
     """
     scenes = training_scenes()
     scene_index = torch.arange(len(scenes)).repeat_interleave(plan.latent_pool_per_scene)
@@ -205,7 +208,8 @@ def encode_latent_pools(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> list[La
         chunks, weights = [], []
         for start in tqdm(range(0, len(scene_index), 64), desc=f"encode {width}x{height}", unit="batch"):
             images = images_as_tensor([
-                render(scenes[int(i)], width, height, seed=(plan.seed * len(SIZES) + size_index) * 1_000_003 + k)
+                render(scenes[int(i)], width, height, seed=(plan.seed * len(SIZES) + size_index) * 1_000_003 + k,
+                       style=style)
                 for k, i in enumerate(scene_index[start : start + 64].tolist(), start)
             ])
             chunks.append(Flux2KleinPipeline._patchify_latents(pipe.vae.encode(images).latent_dist.mode()))
@@ -213,10 +217,11 @@ def encode_latent_pools(pipe: Flux2KleinPipeline, plan: TrainingPlan) -> list[La
         patchified.append(torch.cat(chunks))
         token_weights.append(torch.cat(weights))
     bn = pipe.vae.bn
-    channels_last = torch.cat([p.permute(0, 2, 3, 1).reshape(-1, p.shape[1]) for p in patchified])
-    bn.running_mean.copy_(channels_last.mean(dim=0))
-    bn.running_var.copy_(channels_last.var(dim=0))
-    bn.num_batches_tracked.fill_(1)
+    if set_statistics:
+        channels_last = torch.cat([p.permute(0, 2, 3, 1).reshape(-1, p.shape[1]) for p in patchified])
+        bn.running_mean.copy_(channels_last.mean(dim=0))
+        bn.running_var.copy_(channels_last.var(dim=0))
+        bn.num_batches_tracked.fill_(1)
     mean = bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps)
     return [
@@ -397,9 +402,9 @@ def train_transformer(
     rng = random.Random(plan.seed + 2)
     scenes = training_scenes()
     scene_number = {scene: i for i, scene in enumerate(scenes)}
-    optimizer = torch.optim.AdamW(
-        transformer.parameters(), lr=plan.transformer_learning_rate, weight_decay=plan.transformer_weight_decay
-    )
+    # Only the weights that require grad (all of them in base training; a LoRA's adapters on a frozen base).
+    trainable = [parameter for parameter in transformer.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=plan.transformer_learning_rate, weight_decay=plan.transformer_weight_decay)
     ema = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
     transformer.train()
     recent: list[float] = []
@@ -430,7 +435,7 @@ def train_transformer(
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         with torch.no_grad():
             decay = min(plan.ema_decay, (1 + step) / (10 + step))
