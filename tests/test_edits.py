@@ -230,14 +230,18 @@ def test_styles_are_listed_checked_and_refused_by_name(fresh_manager, lora_dir):
 
 @pytest.mark.slow
 def test_switching_styles_on_a_compiled_pipeline_compiles_nothing_and_matches_eager(fresh_manager, lora_dir):
-    """none → noisy → none → noisy at 0.5: one compile, then no graph; each image is the eager pipeline's."""
+    """none → outline → none → outline at 0.5 → noisy (the operator's): one compile, then no graph; each image is
+    the eager pipeline's; the shipped outline style draws an outline."""
+    from training.shapes.judge import is_outline
+
     engine = fresh_manager(default_model="tiny-shapes", lora_dir=lora_dir)
-    steps = [(None, None), ("noisy", None), (None, None), ("noisy", 0.5)]
+    steps = [(None, None), ("outline", None), (None, None), ("outline", 0.5), ("noisy", None)]
     compiled = [engine.generate(GenerateParams(RED, mode="compiled", seed=1, lora=lora, lora_scale=scale))
                 for lora, scale in steps]
     eager = [engine.generate(GenerateParams(RED, mode="eager", seed=1, lora=lora, lora_scale=scale))
              for lora, scale in steps]
-    assert compiled[0].new_graphs >= 1 and [r.new_graphs for r in compiled[1:]] == [0, 0, 0]
+    assert compiled[0].new_graphs >= 1 and [r.new_graphs for r in compiled[1:]] == [0, 0, 0, 0]
+    assert is_outline(compiled[1].image) and not is_outline(compiled[0].image)
     for (lora, scale), made, reference in zip(steps, compiled, eager):
         assert same_within_a_level(made.image, reference.image), (lora, scale)
     assert same_within_a_level(compiled[0].image, compiled[2].image)  # none is none again after a style
@@ -250,10 +254,10 @@ def test_a_style_added_later_that_the_slot_cannot_hold_is_refused_by_name(fresh_
     root = tmp_path / "loras"
     lora_file(root / "tiny-shapes" / "noisy.safetensors", ("attn.to_q",), 4, seed=1)
     engine = fresh_manager(default_model="tiny-shapes", lora_dir=root)
-    engine.generate(GenerateParams(RED, seed=1, lora="noisy"))  # the pipeline and its slot (rank 4, to_q)
+    engine.generate(GenerateParams(RED, seed=1, lora="noisy"))  # the pipeline and its slot (outline's and noisy's)
     lora_file(root / "tiny-shapes" / "wide.safetensors", ("attn.to_q",), 16, seed=2)
-    lora_file(root / "tiny-shapes" / "elsewhere.safetensors", ("attn.to_k",), 4, seed=3)
-    with pytest.raises(InvalidRequest, match="rank 16 exceeds the rank 4"):
+    lora_file(root / "tiny-shapes" / "elsewhere.safetensors", ("proj_out",), 4, seed=3)
+    with pytest.raises(InvalidRequest, match="rank 16 exceeds the rank 8"):  # outline's, the largest
         engine.generate(GenerateParams(RED, seed=1, lora="wide"))
     with pytest.raises(InvalidRequest, match="layer\\(s\\) the other styles do not"):
         engine.generate(GenerateParams(RED, seed=1, lora="elsewhere"))
