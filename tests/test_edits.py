@@ -240,7 +240,8 @@ def test_switching_styles_on_a_compiled_pipeline_compiles_nothing_and_matches_ea
                 for lora, scale in steps]
     eager = [engine.generate(GenerateParams(RED, mode="eager", seed=1, lora=lora, lora_scale=scale))
              for lora, scale in steps]
-    assert compiled[0].new_graphs >= 1 and [r.new_graphs for r in compiled[1:]] == [0, 0, 0, 0]
+    # The first call compiles the shape (or finds it compiled by an earlier test: dynamo's graphs are per process).
+    assert [r.new_graphs for r in compiled[1:]] == [0, 0, 0, 0]
     assert is_outline(compiled[1].image) and not is_outline(compiled[0].image)
     for (lora, scale), made, reference in zip(steps, compiled, eager):
         assert same_within_a_level(made.image, reference.image), (lora, scale)

@@ -94,7 +94,7 @@ def test_a_style_changes_the_image_and_none_gives_the_plain_one_back(client, url
     with urllib.request.urlopen(url + "/config", timeout=10) as answer:
         config = json.load(answer)
     (dropdown,) = [c["props"] for c in config["components"] if c["props"].get("elem_id") == "lora"]
-    assert [value for _, value in dropdown["choices"]] == ["none", STYLE] and dropdown["value"] == "none"
+    assert [value for _, value in dropdown["choices"]] == ["none", "outline", STYLE] and dropdown["value"] == "none"
 
     prompt = "a red square on a green background, bottom right"
     plain, text, facts = shapes(client, prompt, seed=3)
@@ -130,13 +130,13 @@ def test_in_the_browser_each_model_offers_its_styles_and_edit_this_starts_an_edi
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(url + "/")
             page.wait_for_selector("#generate")
-            assert styles() == ["none", STYLE]
+            assert styles() == ["none", "outline", STYLE]
             choose(page, "model", get_model("tiny-flux2-klein").title)
             page.locator("#strength").get_by_text("not used").wait_for()
             assert styles() == ["none"]
             choose(page, "model", get_model("tiny-shapes").title)
             page.locator("#strength").get_by_text("how much of the picture is redrawn").wait_for()
-            assert styles() == ["none", STYLE]
+            assert styles() == ["none", "outline", STYLE]
             choose(page, "mode", "eager")
 
             page.locator("#generate").click()  # the page's own prompt: a red circle on blue, top left, seed 0

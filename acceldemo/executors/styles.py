@@ -50,9 +50,18 @@ class StyleSlot:
                        and SLOT in m.scaling]
         self.held: str | None = None
         self.scale: float | None = 1.0
+        self._states: dict[tuple, dict] = {}
         self._full = [layer.lora_B[SLOT].weight.detach().clone() for layer in self.layers]
         log.info("%s: LoRA slot of rank %d over %d layers, for %s", spec.name, self.rank, len(self.targets),
                  ", ".join(sorted(styles)))
+
+    def _state(self, style: LoraStyle) -> dict:
+        """The style's weights, converted once and kept (a style is small; reading and converting its file on every
+        switch costs more than the swap)."""
+        key = (style.path, style.path.stat().st_mtime_ns)
+        if key not in self._states:
+            self._states[key] = lora_state_dict(self.spec, style.path)
+        return self._states[key]
 
     def refusal(self, style: LoraStyle) -> str | None:
         """Why this style cannot go into the slot without recompiling (it was added after the slot was made)."""
@@ -78,7 +87,7 @@ class StyleSlot:
                 raise InvalidRequest("lora", name, f"a style {self.spec.name} offers (its file is gone)")
             if reason := self.refusal(style):
                 raise InvalidRequest("lora", style.name, f"a style the loaded pipeline can switch to: {reason}")
-            pipe.load_lora_weights(lora_state_dict(self.spec, style.path), adapter_name=SLOT, hotswap=True)
+            pipe.load_lora_weights(dict(self._state(style)), adapter_name=SLOT, hotswap=True)
             # The style's alpha/rank goes into its up weights; the slot's scaling stays 1 (see the module's note).
             self._full = []
             for layer in self.layers:
