@@ -65,11 +65,15 @@ def make_styles(folder: Path, names: tuple[str, ...] = STYLES, rank: int = RANK,
 
 
 def scene_png() -> bytes:
-    """The picture the edits start from: a rendered training scene at the section's size, as PNG bytes."""
-    from training.shapes.dataset import Scene, render
+    """The picture the edits start from, a red circle at top left on blue (as tiny-shapes draws one), as PNG bytes
+    (drawn here: the app does not import the training code)."""
+    from PIL import Image, ImageDraw
 
+    picture = Image.new("RGB", (SHAPE.width, SHAPE.height), (0, 0, 255))
+    x, y = SHAPE.width / 6, SHAPE.height / 6
+    ImageDraw.Draw(picture).ellipse((x - 11, y - 11, x + 11, y + 11), fill=(255, 0, 0))
     buffer = io.BytesIO()
-    render(Scene("circle", "red", "blue", "top left"), SHAPE.width, SHAPE.height).save(buffer, format="PNG")
+    picture.save(buffer, format="PNG")
     return buffer.getvalue()
 
 
