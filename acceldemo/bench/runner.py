@@ -18,7 +18,7 @@ from .report import BenchReport
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
 SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "batching",
-            "previews")
+            "previews", "styles")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 
@@ -364,6 +364,12 @@ def previews(bench: InProcessBench) -> list[Figure]:
     return measure_previews(bench)
 
 
+def styles(bench: InProcessBench) -> list[Figure]:
+    from .styles import styles as measure_styles
+
+    return measure_styles(bench)
+
+
 def restart(bench: InProcessBench) -> list[Figure]:
     from .restart import measure_restart
 
@@ -388,6 +394,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits), ("previews", previews),
+    ("styles", styles),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
     ("replicas", replicas), ("batching", batching), ("fleet", fleet), ("store", store))
 
