@@ -1,6 +1,8 @@
 """The benchmark's records (a spread of runs, one reported figure with its target) and interleaved timing."""
 from __future__ import annotations
 
+import sys
+
 import operator
 import statistics
 from collections.abc import Callable, Iterable
@@ -101,3 +103,8 @@ def interleaved(calls: list[Callable[[], float]], runs: int) -> list[list[float]
         for j in order:
             timings[j].append(calls[j]())
     return timings
+
+
+def log(message: str) -> None:
+    """A bench's progress line, on stderr (its figures go to stdout)."""
+    print(message, file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..config import Settings
 from ..records import GenerateParams, Request, Shape
-from .figures import Figure, Spread, Target, interleaved, ratios
+from .figures import Figure, Spread, Target, interleaved, log, ratios
 from .report import BenchReport
 
 MODEL = "tiny-flux2-klein"
@@ -100,10 +100,6 @@ class BenchOptions:
     hardware: str = "cpu"
     sections: tuple[str, ...] = SECTIONS
     command: str = "python -m acceldemo bench"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class _RecordingExecutor:

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..records import GenerateParams, Shape
-from .figures import Figure, Spread, Target, interleaved, ratios
+from ..records import GenerateParams, Mode, Shape
+from .figures import Figure, Spread, Target, interleaved, log, ratios
 
 if TYPE_CHECKING:
     from .runner import InProcessBench
@@ -78,13 +78,11 @@ def scene_png() -> bytes:
 
 
 def styles(bench: "InProcessBench") -> list[Figure]:
-    from .runner import InProcessBench, log
-
     rounds, edit_runs = ROUNDS.get(bench.plan.name, 6), EDIT_RUNS.get(bench.plan.name, 5)
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="acceldemo-bench-styles-") as folder:
         layers = make_styles(Path(folder))
-        styled = InProcessBench(bench.options, dataclasses.replace(bench.engine.settings, lora_dir=Path(folder)))
+        styled = type(bench)(bench.options, dataclasses.replace(bench.engine.settings, lora_dir=Path(folder)))
         try:
             picture = scene_png()
             for mode in MODES:
@@ -96,8 +94,6 @@ def styles(bench: "InProcessBench") -> list[Figure]:
 
 
 def _mode_figures(bench: "InProcessBench", mode: str, picture: bytes, rounds: int, edit_runs: int) -> list[Figure]:
-    from .runner import log
-
     engine = bench.engine
 
     def request(lora=None, scale=None, image=None, strength=None):
@@ -153,11 +149,10 @@ def _mode_figures(bench: "InProcessBench", mode: str, picture: bytes, rounds: in
                        "switches": [f"{name}@{scale}" if name else "none" for name, scale in SWITCHES],
                        "styles": list(STYLES), "rank": RANK, "first_call_graphs": first.new_graphs,
                        "first_call_compile_s": round(first.compile_seconds, 3)},
-               if_missed="a switch reads the style's file and converts its keys (diffusers' lora_state_dict), "
-                         "copies it into the slot and rewrites the slot's up weights at the strength; a compiled "
-                         "package also takes the changed tensors again (load_constants). Reading each style "
-                         "once and keeping it in memory would leave the copies")]
-    if mode != "eager":  # eager compiles nothing at all: no row
+               if_missed="a switch copies the style's kept weights into the slot (diffusers' hot-swap) and "
+                         "rewrites the slot's up weights at the strength; a compiled package also takes the changed "
+                         "tensors again (load_constants)")]
+    if Mode(mode).compiles:  # eager compiles nothing at all: no row
         figures.append(Figure(
             f"styles_new_graphs_{mode}", 12, f"graphs compiled after the first call, over {rounds} switches, their "
                                              f"warm calls and {3 * edit_runs} edit/generation calls {title}",
