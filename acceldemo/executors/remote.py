@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
@@ -236,12 +237,21 @@ class RemoteArtifacts:
             digest, size = sha256_of(source), source.stat().st_size
             obj = f"{name}.{digest[:16]}{suffix}"
             parent = self._path(name).rpartition("/")[0]
-            if "file" in _protocols(fs):
+            local = "file" in _protocols(fs)
+            if local:
                 fs.makedirs(parent, exist_ok=True)
-            fs.put_file(str(source), self._path(obj))
             manifest = {"object": obj, "sha256": digest, "bytes": size, "about": about,
                         "published_by": socket.gethostname(), "published_at": time.time()}
-            fs.pipe_file(self._path(name + MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
+            text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            if local:  # a file opened for writing is seen half-written: write beside it, then rename over it
+                aside = f"{parent}/.{uuid.uuid4().hex}.part"  # a dot name: no listing takes it for an artifact
+                fs.put_file(str(source), aside)
+                fs.mv(aside, self._path(obj))
+                fs.pipe_file(aside, text)
+                fs.mv(aside, self._path(name + MANIFEST))
+            else:  # an object store's PUT is atomic: a reader sees the old object or the new one
+                fs.put_file(str(source), self._path(obj))
+                fs.pipe_file(self._path(name + MANIFEST), text)
         except Exception as error:
             self.failed(error, f"publishing {name}")
             return False
