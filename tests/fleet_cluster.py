@@ -91,21 +91,25 @@ def test_concurrent_sdk_requests_land_on_both_nodes(app):
     assert all(replica["served"] >= 1 and replica["replica"] for replica in listed), listed
 
 
-def _kill_replica(cluster, replica_id: str) -> None:
+@pytest.fixture(scope="module")
+def driver(cluster):
+    """This process joined to the cluster ahead of time, so a kill mid-request is one call, not a connection."""
     import ray
 
     ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": RAY_ENV})
-    try:
-        named = ray.util.list_named_actors(all_namespaces=True)
-        actors = [a for a in named if a["name"].startswith("SERVE_REPLICA") and a["name"].endswith(replica_id)]
-        assert len(actors) == 1, (replica_id, named)
-        ray.kill(ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"]), no_restart=True)
-    finally:
-        ray.shutdown()
+    yield ray
+    ray.shutdown()
 
 
-def test_a_request_whose_replica_is_killed_is_served_elsewhere_and_the_replica_comes_back(app, cluster):
-    events, killed = [], None
+def _replica_actor(ray, replica_id: str):
+    named = ray.util.list_named_actors(all_namespaces=True)
+    actors = [a for a in named if a["name"].startswith("SERVE_REPLICA") and a["name"].endswith(replica_id)]
+    assert len(actors) == 1, (replica_id, named)
+    return ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
+
+
+def test_a_request_whose_replica_is_killed_is_served_elsewhere_and_the_replica_comes_back(app, cluster, driver):
+    events, killed, actor, killed_at = [], None, None, None
     body = {"prompt": PROMPT, "seed": 7, "stream": True, **LONG}
     with httpx.stream("POST", app + "/v1/images/generations", json=body, timeout=600) as answer:
         assert answer.status_code == 200
@@ -117,10 +121,14 @@ def test_a_request_whose_replica_is_killed_is_served_elsewhere_and_the_replica_c
             message = event.get("message", "")
             if killed is None and message.startswith("running on replica "):
                 killed = message.split()[3]
-            if killed and event.get("step") == 3 and not any("lost" in e.get("message", "") for e in events):
-                _kill_replica(cluster, killed)  # mid-request: it is drawing its fourth step of 100
+                actor = _replica_actor(driver, killed)  # found now: at step 3 the kill is one call
+            if actor is not None and killed_at is None and event.get("step") == 3:
+                driver.kill(actor, no_restart=True)  # mid-request: it is drawing its fourth step of 100
+                killed_at = len(events)
     messages = [event.get("message", "") for event in events]
-    assert killed and any("its replica was lost: running it again on another" in m for m in messages), messages
+    assert killed and killed_at, messages[:8]
+    assert any("its replica was lost: running it again on another" in m for m in messages), \
+        (messages[killed_at - 2:killed_at + 6], messages[-3:], events[-1].get("type"))
     assert events[-1]["type"] == "image_generation.completed", events[-1]
     image = Image.open(io.BytesIO(base64.b64decode(events[-1]["b64_json"])))
     assert image.size == (256, 256)
