@@ -108,7 +108,7 @@ def _replica_actor(ray, replica_id: str):
     return ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
 
 
-def test_a_request_whose_replica_is_killed_is_served_elsewhere_and_the_replica_comes_back(app, cluster, driver):
+def test_a_request_whose_replica_is_killed_is_served_elsewhere_and_the_replica_comes_back(app, driver):
     events, killed, actor, killed_at = [], None, None, None
     body = {"prompt": PROMPT, "seed": 7, "stream": True, **LONG}
     with httpx.stream("POST", app + "/v1/images/generations", json=body, timeout=600) as answer:
