@@ -160,12 +160,16 @@ class GenerateParams:
     lora_scale: object = None
 
 
+# The ways of editing that denoise from the picture noised to a strength's sigma (image-to-image, inpainting).
+STRENGTH_METHODS = ("strength", "inpaint")
+
+
 @dataclass(frozen=True)
 class EditInput:
     """The picture(s) a request changes, checked: each at the request's size as PNG bytes, the region that may change
     (a PNG mask at that size, white where it changes; None: all of it), the strength, how the model edits
     ("strength": noise the picture to the strength's sigma and denoise the rest; "reference": reference images the
-    transformer attends to) and what was uploaded (for the facts)."""
+    transformer attends to; "inpaint": as "strength", only inside the mask) and what was uploaded (for the facts)."""
 
     images: tuple[bytes, ...]
     method: str
@@ -189,12 +193,12 @@ class EditInput:
 
     def denoise_steps(self, steps: int) -> int:
         """The steps a strength edit denoises of `steps` (diffusers' image-to-image rule); all of them otherwise."""
-        if self.method != "strength":
+        if self.method not in STRENGTH_METHODS:
             return steps
         return steps - int(max(steps - min(steps * self.strength, steps), 0))
 
     def facts(self) -> dict:
-        return {"method": self.method, "strength": self.strength if self.method == "strength" else None,
+        return {"method": self.method, "strength": self.strength if self.method in STRENGTH_METHODS else None,
                 "images": len(self.images), "mask": self.mask is not None, "source": self.source}
 
 
@@ -249,8 +253,14 @@ class Request:
 
     @property
     def references(self) -> int:
-        """Reference pictures the transformer attends to (each adds its tokens to the static shape)."""
-        return len(self.edit.images) if self.edit and self.edit.method == "reference" else 0
+        """Reference pictures the transformer attends to (each adds its tokens to the static shape): an edit's with
+        reference pictures, and the picture a FLUX.2 klein inpainting repaints (diffusers' pipeline conditions on it
+        as on a reference)."""
+        if self.edit is None:
+            return 0
+        if self.edit.method == "reference":
+            return len(self.edit.images)
+        return 1 if self.edit.method == "inpaint" and self.spec.edits == "reference" else 0
 
     @property
     def denoise_steps(self) -> int:

@@ -121,8 +121,16 @@ def test_too_large_a_picture_is_refused_by_its_bytes_and_pixels(manager):
 
 def test_a_mask_where_the_model_cannot_inpaint_and_parts_of_an_edit_without_a_picture_are_refused(manager):
     mask = encoded(Image.new("RGBA", (64, 64), (0, 0, 0, 0)))
-    with pytest.raises(UnsupportedCombination, match="tiny-flux2-klein cannot inpaint"):
-        manager.check(GenerateParams("a cat", model="tiny-flux2-klein", image=encoded(red_circle()), mask=mask))
+    for model, how in (("tiny-flux2", "with reference images"), ("tiny-sd3", "by image-to-image")):
+        with pytest.raises(UnsupportedCombination, match=f"{model} cannot inpaint \\(it edits the whole picture {how}"):
+            manager.check(GenerateParams("a cat", model=model, image=encoded(red_circle()), mask=mask))
+    # A mask repaints one picture: FLUX.2 klein's reference pictures do not go with one.
+    with pytest.raises(InvalidRequest, match=r"at most 1 for tiny-flux2-klein \(it repaints one picture where"):
+        manager.check(GenerateParams("a cat", model="tiny-flux2-klein", image=[encoded(red_circle())] * 2, mask=mask))
+    masked = manager.check(GenerateParams("a cat", model="tiny-flux2-klein", image=encoded(red_circle()), mask=mask,
+                                          strength=0.5))
+    # Diffusers' klein inpainting attends to the picture it repaints as to a reference: its tokens count.
+    assert (masked.edit.method, masked.edit.strength, masked.denoise_steps, masked.references) == ("inpaint", 0.5, 2, 1)
     for field, value in (("strength", 0.5), ("mask", mask)):
         with pytest.raises(InvalidRequest, match="only with an image to edit"):
             manager.check(GenerateParams(RED, model="tiny-shapes", **{field: value}))
@@ -151,6 +159,16 @@ def test_an_edit_over_the_openai_sdk_turns_the_red_circle_green_from_a_png_and_a
             client.images.edit(image=("red.png", encoded(red_circle()), "image/png"), prompt=GREEN,
                                extra_body={"strength": 2})
         assert refused.value.body["param"] == "strength"
+        # A mask: FLUX.1 inpaints with diffusers' pipeline; FLUX.2 [dev] has none, and says so.
+        mask = Image.new("RGBA", (64, 64), (0, 0, 0, 255))
+        mask.paste((0, 0, 0, 0), (0, 0, 32, 64))
+        pair = {"image": ("red.png", encoded(red_circle()), "image/png"),
+                "mask": ("mask.png", encoded(mask), "image/png"), "prompt": "a cat"}
+        answer = client.images.edit(model="tiny-flux1", **pair, extra_body={"strength": 0.6, "seed": 1})
+        assert answer.model_extra["acceldemo"][0]["edit"]["method"] == "inpaint"
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.edit(model="tiny-flux2", **pair)
+        assert refused.value.body["param"] == "mask" and "tiny-flux2 cannot inpaint" in refused.value.body["message"]
         # A stream of an edit: OpenAI's image_edit events, a partial image among them.
         events = [event.type for event in client.images.edit(
             image=[("red.png", encoded(red_circle()), "image/png")], prompt=GREEN, stream=True, partial_images=1)]
@@ -172,6 +190,50 @@ def test_a_masked_edit_changes_only_the_transparent_region(fresh_manager):
     assert judge(result.image.crop((0, 0, 32, 32)).resize((64, 64))).colour == "green"
     kept = np.abs(out[40:, 40:] - pixels(picture)[40:, 40:]).mean()
     assert kept < 12, kept  # the bottom-right circle is the picture's own (through the VAE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-flux1", "tiny-flux2-klein"])
+def test_diffusers_inpainting_keeps_the_picture_outside_the_mask_and_compiles_nothing_new(fresh_manager, model):
+    """FLUX.1 and FLUX.2 klein inpaint with diffusers' own pipelines (made from the loaded one): two prompts, one
+    seed, the left half open — the final latents right of it are the picture's own in both, left of it they differ;
+    through the engine, masked edits compile once for their static shape (FLUX.1: the text-to-image one; klein: the
+    picture's tokens beside the image's), then nothing."""
+    from acceldemo.executors.local import LocalExecutor
+    from acceldemo.executors.recipe import run_pipeline
+    from acceldemo.records import DeviceSet, no_progress
+
+    engine = fresh_manager()
+    mask = Image.new("RGBA", (128, 128), (0, 0, 0, 255))
+    mask.paste((0, 0, 0, 0), (0, 0, 64, 128))  # transparent: the left half may change
+    edit = dict(model=model, hardware="cpu", image=encoded(red_circle(128, 128)), mask=encoded(mask), strength=0.8,
+                seed=4)
+    requests = [engine.check(GenerateParams(prompt, **edit)) for prompt in ("a cat", "a lighthouse at dusk")]
+    local = LocalExecutor(engine.settings, engine.hardware).load(requests[0].key(DeviceSet("cpu", (0,))),
+                                                                 requests[0].spec, no_progress)
+    latents = [run_pipeline(local.pipe, engine.hardware.get("cpu"), request, False, no_progress,
+                            output_type="latent").images[0] for request in requests]
+    # FLUX.1 hands back packed latents (8x8 tokens of 2x2 patches), klein its latent grid (channels, 16, 16).
+    left, right = [(a - b).abs() for a, b in zip(*(_halves(model, x) for x in latents))]
+    # Random tiny text encoders move the latents little (klein ~1e-3, FLUX.1 ~3e-2), but they move them; outside
+    # the mask nothing moves at all.
+    assert float(right.max()) == 0.0 and float(left.mean()) > 1e-4, (float(right.max()), float(left.mean()))
+    plain = engine.generate(GenerateParams("a cat", model=model, resolution="128x128", mode="compiled", seed=1))
+    first = engine.generate(GenerateParams("a cat", mode="compiled", **edit))
+    masked = engine.generate(GenerateParams("a lighthouse at dusk", mode="compiled", **{**edit, "strength": 0.6}))
+    assert plain.new_graphs >= 1 and masked.new_graphs == 0
+    assert (first.new_graphs >= 1) is (model == "tiny-flux2-klein"), first.new_graphs
+    assert first.request.graph_key[0] == plain.request.graph_key[0] * (2 if model == "tiny-flux2-klein" else 1)
+    assert masked.facts()["edit"] == {"method": "inpaint", "strength": 0.6, "images": 1, "mask": True,
+                                      "source": "PNG 128x128"}
+    assert masked.image.size == (128, 128) and pixels(masked.image).std() > 1
+
+
+def _halves(model: str, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latents of the image's left and right halves."""
+    grid = latents.reshape(8, 8, -1).permute(2, 0, 1) if model == "tiny-flux1" else latents
+    middle = grid.shape[-1] // 2
+    return grid[..., :middle], grid[..., middle:]
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import warnings
 
 from ..errors import InvalidRequest, UnsupportedCombination
 from ..models.catalog import ModelSpec
-from ..records import EditInput, Shape
+from ..records import STRENGTH_METHODS, EditInput, Shape
 
 # What an upload may be: the Images API's formats, and limits stated to whoever sends more.
 FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
@@ -95,25 +95,26 @@ def check_strength(strength: object) -> float:
 def check_edit(spec: ModelSpec, images: object, mask: object, strength: object,
                shape: Shape | None) -> tuple[EditInput, Shape]:
     """The edit's pictures at the request's size (or the model's preset nearest their proportions when it names
-    none), and the size; or the first thing wrong with them."""
+    none), and the size; or the first thing wrong with them. With a mask the edit inpaints: one picture, repainted
+    where the mask is transparent, at the strength."""
     pictures = [decode("image", data) for data in _as_list(images)]
     if not pictures:
         raise InvalidRequest("image", "no picture", _ACCEPTED)
-    allowed = spec.max_references if spec.edits == "reference" else 1
+    masked = mask is not None and mask != b"" and mask != ""
+    if masked and not spec.inpaints:
+        raise UnsupportedCombination("mask", f"mask: {spec.name} cannot inpaint (it edits the whole picture "
+                                             + ("with reference images" if spec.edits == "reference" else
+                                                "by image-to-image") + "); send the edit without a mask")
+    allowed = spec.max_references if spec.edits == "reference" and not masked else 1
     if len(pictures) > allowed:
-        raise InvalidRequest("image", f"{len(pictures)} pictures", f"at most {allowed} for {spec.name} (it edits "
-                             + ("with reference images)" if spec.edits == "reference" else "one picture at a time)"))
+        how = "it repaints one picture where the mask is transparent" if masked else \
+            "it edits with reference images" if spec.edits == "reference" else "it edits one picture at a time"
+        raise InvalidRequest("image", f"{len(pictures)} pictures", f"at most {allowed} for {spec.name} ({how})")
     size = shape or nearest_size(spec, pictures[0])
-    region = None
-    if mask is not None and mask != b"" and mask != "":
-        if not spec.inpaints:
-            raise UnsupportedCombination("mask", f"mask: {spec.name} cannot inpaint (it edits the whole picture "
-                                                 + ("with reference images" if spec.edits == "reference" else
-                                                    "by image-to-image") + "); send the edit without a mask")
-        region = _region(decode("mask", mask), pictures[0], size)
-    method = spec.edits
+    region = _region(decode("mask", mask), pictures[0], size) if masked else None
+    method = "inpaint" if masked else spec.edits
     value = check_strength(DEFAULT_STRENGTH if strength is None or strength == "" else strength) \
-        if method == "strength" else 1.0
+        if method in STRENGTH_METHODS else 1.0
     source = ", ".join(f"{p.format} {p.width}x{p.height}" for p in pictures)
     fitted = tuple(_png(_fit(p.convert("RGB"), size)) for p in pictures)
     return EditInput(fitted, method, value, region, source), size

@@ -7,6 +7,9 @@
   outside it is put back after every step, noised to that step's sigma (as its inpainting pipelines do).
 - "strength" elsewhere (FLUX.1, SD3): diffusers' own image-to-image pipeline made from the loaded one (`from_pipe`:
   the same modules, the compiled transformer included).
+- "inpaint" (a mask): on the embedded tiny-shapes the strength path above with its mask; elsewhere diffusers' own
+  inpainting pipeline of the family, made the same way (FLUX.1, SD3: `AutoPipelineForInpainting`; FLUX.2 klein:
+  `Flux2KleinInpaintPipeline`, which has no auto mapping), given the picture, the mask and the strength.
 """
 from __future__ import annotations
 
@@ -16,6 +19,24 @@ from collections.abc import Callable
 from ..records import Batch
 
 _FLUX2 = ("Flux2KleinPipeline", "Flux2Pipeline")
+# The pipelines `from_pipe` makes of a loaded one, kept on it (its modules are the loaded pipeline's own).
+_MADE = {"strength": "_acceldemo_image_to_image", "inpaint": "_acceldemo_inpaint"}
+
+
+def _made_from(pipe, method: str):
+    """Diffusers' image-to-image ("strength") or inpainting ("inpaint") pipeline of `pipe`'s family, on its modules."""
+    made = getattr(pipe, _MADE[method], None)
+    if made is None:
+        import diffusers
+
+        if method == "inpaint" and type(pipe).__name__ == "Flux2KleinPipeline":
+            made = diffusers.Flux2KleinInpaintPipeline.from_pipe(pipe)
+        else:
+            auto = diffusers.AutoPipelineForInpainting if method == "inpaint" else diffusers.AutoPipelineForImage2Image
+            made = auto.from_pipe(pipe)
+        made.set_progress_bar_config(disable=True)
+        setattr(pipe, _MADE[method], made)
+    return made
 
 
 class EditCall:
@@ -30,15 +51,13 @@ class EditCall:
         pictures = edit.pictures()
         if edit.method == "reference":
             kwargs["image"] = pictures
-        elif type(pipe).__name__ in _FLUX2:
+        elif type(pipe).__name__ in _FLUX2 and batch.first.spec.edits == "strength":
             self._own_image_to_image(batch, pictures[0], edit)
         else:
-            from diffusers import AutoPipelineForImage2Image
-
-            if getattr(pipe, "_acceldemo_image_to_image", None) is None:
-                pipe._acceldemo_image_to_image = AutoPipelineForImage2Image.from_pipe(pipe)
-            self.pipe = pipe._acceldemo_image_to_image
+            self.pipe = _made_from(pipe, edit.method)
             kwargs.update(image=pictures[0], strength=edit.strength)
+            if edit.method == "inpaint":
+                kwargs["mask_image"] = edit.mask_picture()
 
     def _own_image_to_image(self, batch: Batch, picture, edit) -> None:
         import numpy as np

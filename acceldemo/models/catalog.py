@@ -70,7 +70,9 @@ class ModelSpec:
     alpha: bool = False
     # How it edits a picture: "strength" (image-to-image: the picture noised to the strength's sigma, the rest
     # denoised) or "reference" (FLUX.2: reference images the transformer attends to); and whether it repaints only
-    # a masked region (inpainting) — only where the strength path is this project's own (FLUX.2 pipelines).
+    # a masked region (inpainting: diffusers' inpainting pipeline of its family — FluxInpaintPipeline,
+    # StableDiffusion3InpaintPipeline, Flux2KleinInpaintPipeline — or, for the embedded tiny-shapes, this project's
+    # own strength path; FLUX.2 [dev] has none).
     edits: str = "strength"
     inpaints: bool = False
     # Reference pictures one edit may give ("reference" models).
@@ -140,17 +142,19 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
-        edits="reference", max_references=4,
+        edits="reference", max_references=4, inpaints=True,
         max_sequence_length=64, tp_components=("transformer", "text_encoder"), attention_heads=4,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
         name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
-        repo=None, tiny_family="flux1", steps=4, guidance=0.0, max_sequence_length=64,
+        repo=None, tiny_family="flux1", inpaints=True, steps=4, guidance=0.0, max_sequence_length=64,
         tp_components=("transformer",), attention_heads=4, **_TINY),
     ModelSpec(
         name="tiny-sd3", title="Tiny SD3 (embedded, random weights)", pipeline_class="StableDiffusion3Pipeline",
         repo=None, tiny_family="sd3", steps=4, guidance=4.5, cfg_above=1.0, packed_latents=False,
-        max_sequence_length=64, repeated_blocks=False, **_TINY),
+        max_sequence_length=64, repeated_blocks=False,
+        # No mask: diffusers' SD3 inpainting pipeline wants 16 latent channels (SD 3.5's); the tiny VAE has 4.
+        **_TINY),
     ModelSpec(
         name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256,
@@ -158,7 +162,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         tp_components=("transformer", "text_encoder"), attention_heads=4, **_TINY),
     ModelSpec(
         name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
-        repo="black-forest-labs/FLUX.2-klein-4B", steps=4, guidance=1.0,
+        repo="black-forest-labs/FLUX.2-klein-4B", inpaints=True, steps=4, guidance=1.0,
         edits="reference", max_references=4,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 8 * GB, "text_encoder": 8 * GB, "vae": GB // 5},
@@ -166,7 +170,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         description="Fits one NeuronCore: the whole pipeline on the device."),
     ModelSpec(
         name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
-        repo="black-forest-labs/FLUX.1-schnell", steps=4, guidance=0.0,
+        repo="black-forest-labs/FLUX.1-schnell", inpaints=True, steps=4, guidance=0.0,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         component_bytes={"transformer": 24 * GB, "text_encoder_2": 9_500_000_000, "text_encoder": GB // 4,
                          "vae": GB // 6},
@@ -174,7 +178,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         description="Does not fit one v6e chip: model CPU offload."),
     ModelSpec(
         name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
-        repo="stabilityai/stable-diffusion-3.5-medium", steps=40, guidance=4.5, cfg_above=1.0,
+        repo="stabilityai/stable-diffusion-3.5-medium", inpaints=True, steps=40, guidance=4.5, cfg_above=1.0,
         packed_latents=False, max_side=1440, repeated_blocks=False, max_batch=2, activation_bytes=4 * GB,
         quality_steps={"low": 20, "medium": 28, "high": 40},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),

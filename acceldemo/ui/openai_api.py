@@ -192,7 +192,7 @@ class ImageEditRequest(ImageGenerationRequest):
         told = super().options(request)
         if self.input_fidelity is not None:
             told["ignored"]["input_fidelity"] = f"{self.input_fidelity}: no model here has a fidelity setting"
-        if self.strength is not None and request.edit and request.edit.method != "strength":
+        if self.strength is not None and request.edit and request.edit.method == "reference":
             told["ignored"]["strength"] = f"{self.strength}: {request.model} edits with reference images"
         return told
 

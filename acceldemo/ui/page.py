@@ -106,8 +106,9 @@ def image_file(image, folder: Path) -> str:
 def describe_edit(edit: EditInput) -> str:
     """What an edit started from and how it changed it."""
     how = (f"image-to-image at strength **{edit.strength:g}**" if edit.method == "strength" else
+           f"inpainting at strength **{edit.strength:g}**" if edit.method == "inpaint" else
            f"{len(edit.images)} reference picture(s)")
-    return f"edit: {how} · from {edit.source}" + (" · masked" if edit.mask else "")
+    return f"edit: {how} · from {edit.source}"
 
 
 def describe_result(result: GenerateResult) -> str:
