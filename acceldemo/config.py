@@ -91,6 +91,10 @@ class Settings:
     # LoRA styles: <dir>/<model>/<name>.safetensors (as diffusers/PEFT save them, or a format diffusers' loaders
     # convert), offered beside the styles a model ships with; None: only those.
     lora_dir: Path | None = None
+    # Entries of the exact-result cache: a request identical in every value that shapes the image is answered with
+    # the images an earlier one drew; 0 turns it off. Default 0, or 32 in a Hugging Face Space (SPACE_ID set), where
+    # most visitors click the same example prompts at the same seed.
+    result_cache: int = 0
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> "Settings":
@@ -169,6 +173,7 @@ class Settings:
             artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),
             artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),
             lora_dir=Path(text("ACCELDEMO_LORA_DIR")) if text("ACCELDEMO_LORA_DIR") else None,
+            result_cache=bounded("ACCELDEMO_RESULT_CACHE", 32 if text("SPACE_ID") else 0, 0, 10_000, int),
         )
 
     def replicas_of(self, hardware: str) -> int | None:

@@ -40,6 +40,37 @@ class Placement(StrEnum):
     TP = "tp"
 
 
+class StepCache(StrEnum):
+    """The step caches diffusers 0.42.1 ships (`transformer.enable_cache(config)`), by the name a person picks; what
+    each is and which models offer it: `models.caches`."""
+
+    TAYLORSEER = "taylorseer"
+    FIRST_BLOCK = "first-block"
+    MAG = "mag"
+    PAB = "pab"
+    FASTER = "faster"
+    SEA = "sea"
+
+    @property
+    def decides_per_call(self) -> bool:
+        """Whether it decides before the transformer runs, from the step count alone (TaylorSeer, at the call seam),
+        rather than in hooks inside the transformer, which a fullgraph compile cannot trace."""
+        return self is StepCache.TAYLORSEER
+
+
+class Quantization(StrEnum):
+    """Weights stored in fewer bits (torchao, through diffusers' PipelineQuantizationConfig)."""
+
+    NONE = "none"
+    INT8 = "int8"  # int8 weight-only: int8 weights dequantized into the matmul; runs on CPU too
+    FP8 = "fp8"  # float8 (e4m3) weight-only, where the hardware has fp8 matmuls
+
+    @property
+    def bytes_per_weight(self) -> int | None:
+        """Bytes of one quantized weight (None: the model's own dtype)."""
+        return None if self is Quantization.NONE else 1
+
+
 class Phase(StrEnum):
     """What a request is doing, as its progress events say."""
 
@@ -158,6 +189,10 @@ class GenerateParams:
     # A LoRA style by name (one the model offers; None or "none": no style) and its strength.
     lora: object = None
     lora_scale: object = None
+    # A step cache by name (`models.caches.STEP_CACHE_CHOICES`: none, auto — the model's advice —, or a cache the
+    # model offers for the request's mode) and the weights' quantization (none, int8, fp8).
+    step_cache: object = None
+    quantization: object = None
 
 
 # The ways of editing that denoise from the picture noised to a strength's sigma (image-to-image, inpainting).
@@ -229,6 +264,13 @@ class Request:
     # The LoRA style it is drawn with (None: none) and that style's strength.
     lora: str | None = None
     lora_scale: float = 1.0
+    # The step cache it runs with (None: none), what was asked for (None: nothing, "auto", or the cache's name) and,
+    # for auto, why it came to that.
+    step_cache: StepCache | None = None
+    step_cache_asked: str | None = None
+    step_cache_why: str = ""
+    # The weights' quantization (a pipeline of its own, like a mode).
+    quantization: Quantization = Quantization.NONE
 
     @property
     def model(self) -> str:
@@ -270,13 +312,25 @@ class Request:
     @property
     def batch_key(self) -> tuple:
         """What requests drawn in one pipeline call have in common: the pipeline and every call setting but the
-        prompt and the seed (a call has one LoRA style at one strength)."""
-        return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.shape, self.steps,
-                self.guidance, self.lora, self.lora_scale)
+        prompt and the seed (a call has one LoRA style at one strength, one step cache)."""
+        return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.quantization, self.shape,
+                self.steps, self.guidance, self.lora, self.lora_scale, self.step_cache)
+
+    @property
+    def image_key(self) -> tuple:
+        """Every value that shapes the image (the result cache's key): not where it runs, nor whether it previews."""
+        edit = None
+        if self.edit is not None:
+            import hashlib
+
+            digest = hashlib.sha256(b"".join(self.edit.images) + (self.edit.mask or b"")).hexdigest()
+            edit = (self.edit.method, self.edit.strength, len(self.edit.images), digest)
+        return (*self.batch_key, self.prompt, self.seed, self.num_images, edit)
 
     def key(self, devices: DeviceSet) -> "PipelineKey":
         """The pipeline that runs this request on `devices`."""
-        return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices)
+        return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices,
+                           self.quantization)
 
     def members(self) -> list["Request"]:
         """One request per image, each with its own seed: how the engine runs the images of a request (each is the
@@ -364,10 +418,12 @@ class PipelineKey:
     placement: Placement
     tp_size: int = 1
     devices: DeviceSet | None = None
+    quantization: Quantization = Quantization.NONE
 
     def __str__(self) -> str:
         where = f"tp{self.tp_size}" if self.placement is Placement.TP else str(self.placement)
-        return f"{self.model} · {self.devices or self.hardware} · {self.mode} · {where}"
+        weights = "" if self.quantization is Quantization.NONE else f" · {self.quantization}"
+        return f"{self.model} · {self.devices or self.hardware} · {self.mode} · {where}{weights}"
 
 
 @dataclass(frozen=True)
@@ -425,6 +481,20 @@ def no_progress(_: Progress) -> None:
 
 
 @dataclass(frozen=True)
+class CacheUse:
+    """What a step cache did in one pipeline call: the transformer calls, and those it answered (in full for
+    TaylorSeer; for diffusers' block caches, calls whose last block's attention it did not compute). `name` None:
+    no cache ran (every call computed)."""
+
+    name: str | None
+    calls: int
+    skipped: int
+
+    def facts(self) -> dict:
+        return {"ran": self.name or "none", "calls": self.calls, "skipped": self.skipped}
+
+
+@dataclass(frozen=True)
 class RunOutput:
     """What an executor returns for one pipeline call, before the engine adds its bookkeeping."""
 
@@ -441,6 +511,11 @@ class RunOutput:
     # answered), so the engine's views show what a worker process ran into.
     package_events: dict[str, int] = field(default_factory=dict)
     store_problem: str | None = None
+    # The step cache's work (None where nothing counted it); seconds from the first transformer call to the last
+    # step's end, less the compile (None: no step ran); the pipeline's weight bytes (this rank's, sharded).
+    cache: CacheUse | None = None
+    denoise_seconds: float | None = None
+    weight_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -470,6 +545,11 @@ class GenerateResult:
     # call share it, and its compile facts).
     batch: int = 1
     call: int = 0
+    cache: CacheUse | None = None
+    denoise_seconds: float | None = None
+    weight_bytes: int = 0
+    # Answered from the exact-result cache (ACCELDEMO_RESULT_CACHE): the images an identical request drew before.
+    from_cache: bool = False
 
     @property
     def image(self):
@@ -491,7 +571,9 @@ class GenerateResult:
             compile_cache_hits=sum(p.compile_cache_hits for p in calls), step_seconds=first.step_seconds,
             preview_seconds=sum(p.preview_seconds for p in calls),
             unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node,
-            batch=max(p.batch for p in parts), call=first.call)
+            batch=max(p.batch for p in parts), call=first.call, cache=first.cache,
+            denoise_seconds=first.denoise_seconds, weight_bytes=first.weight_bytes,
+            from_cache=all(p.from_cache for p in parts))
 
     def facts(self, image: int = 0) -> dict[str, Any]:
         """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
@@ -512,4 +594,9 @@ class GenerateResult:
             "unknown_words": list(self.unknown_words), "note": self.note, "batch": self.batch,
             "edit": r.edit.facts() if r.edit else None, "lora": r.lora,
             "lora_scale": r.lora_scale if r.lora else None,
+            "step_cache": {"asked": r.step_cache_asked or "none", "why": r.step_cache_why or None,
+                           **(self.cache or CacheUse(str(r.step_cache) if r.step_cache else None, 0, 0)).facts()},
+            "quantization": str(r.quantization), "weight_bytes": self.weight_bytes,
+            "denoise_seconds": None if self.denoise_seconds is None else round(self.denoise_seconds, 4),
+            "from_cache": self.from_cache,
         }

@@ -21,16 +21,19 @@ from ..errors import AcceldemoError, Cancelled, GenerationFailed, InvalidRequest
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
+from ..models.caches import component_bytes_at, step_cache_views
 from ..models.catalog import CATALOG, get_model
 from ..models.loading import model_availability
 from ..models.loras import model_loras
 from ..records import (Batch, DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
-                       ProgressCallback, ReplicaState, Request, Shape, no_progress)
+                       ProgressCallback, Quantization, ReplicaState, Request, Shape, no_progress)
 from .admission import Line, Sharing, Ticket
 from .batching import BatchPolicy, Member, together
+from .compare import Comparison, check_pair, second_side
 from .compile_times import CompileClock, CompileTimes, compile_kind
 from .ledger import CompiledShape, ShapeLedger
 from .residency import Residency
+from .results import ResultCache
 from .stats import EngineStats, Kind, Outcome, outcome_of
 from .supervision import Replica, Supervisor
 from .validation import (check_request, check_shape, local_devices, mode_options, parse_resolution,
@@ -105,6 +108,7 @@ class Engine:
         self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
         self.compile_times = CompileTimes(settings.cache_dir)
         self.batching = BatchPolicy(settings, hardware, self.ledger)
+        self.results = ResultCache(settings.result_cache)
         self._calls = itertools.count(1)
         self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
         self.supervisor = Supervisor(self.line, self.residency, self.stats)
@@ -148,10 +152,18 @@ class Engine:
         none, and may run side by side on several replicas, or be drawn in one call with each other and with other
         requests that share the call's settings; the request's outcome is counted once, whatever it is."""
         job = Job(request, cancelled)
+        started = time.perf_counter()
+        if self.results.entries:
+            found = self.results.find(request, time.perf_counter() - started)
+            if found is not None:
+                self.stats.result_hits.inc()
+                self.stats.count(Kind.GENERATE, Outcome.OK)
+                job.future.set_result(found)
+                return job
+            job.future.add_done_callback(self._keep_result)
         if self.fleet is not None:
             return self._start_in_fleet(job, request, on_progress)
         candidates = self._candidates(request)
-        started = time.perf_counter()
         members = [Member(part, _of_image(i, on_progress), job.cancelled, started)
                    for i, part in enumerate(request.members())]
 
@@ -163,12 +175,46 @@ class Engine:
                            [image] * len(members), lambda parts: GenerateResult.of_images(request, parts),
                            self.batching.sharing(request), members, started)
 
+    def _keep_result(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.results.keep(future.result())
+
     def generate(self, request: GenerateParams | Request, on_progress: ProgressCallback = no_progress,
                  cancelled: Callable[[], bool] = _never) -> GenerateResult:
         """Check (when not yet), submit and wait: for front ends that block anyway (the CLI, the bench, tests)."""
         if isinstance(request, GenerateParams):
             request = self.check(request)
         return self.submit(request, on_progress, cancelled).result()
+
+    def submit_comparison(self, first: GenerateParams, second: GenerateParams,
+                          on_progress: ProgressCallback = no_progress) -> Job:
+        """One prompt and seed under two configurations (`second` takes the first's prompt, model, seed and size): the
+        first drawn, then the second, each on the line like any request and counted as one; the job's result is the
+        `Comparison`. Progress events say which side they are of (`A: …`, `B: …`)."""
+        a = self.check(first)
+        b = self.check(second_side(a, second))
+        try:
+            check_pair(a, b)
+        except AcceldemoError as error:
+            self.stats.count(Kind.GENERATE, outcome_of(error))
+            raise
+        job = Job(a)
+
+        def side(name: str) -> ProgressCallback:
+            return lambda event: on_progress(dataclasses.replace(event, message=f"{name}: {event.message}"))
+
+        def run() -> None:
+            try:
+                results = []
+                for name, request in (("A", a), ("B", b)):
+                    results.append(self.submit(request, side(name), job.cancelled).result())
+                job.future.set_result(Comparison(*results))
+            except BaseException as error:
+                job.future.set_exception(error if isinstance(error, AcceldemoError) else
+                                         GenerationFailed(f"internal error: {describe_error(error)}"))
+
+        threading.Thread(target=run, name="comparison", daemon=True).start()
+        return job
 
     def submit_warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
                        on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> Job:
@@ -224,13 +270,14 @@ class Engine:
         return self.submit_warm_up(params, shapes, on_progress, batches).result()
 
     def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None,
-                      batches: Iterable[int] = (1,)) -> None:
+                      batches: Iterable[int] = (1,), quantization: object = None, step_cache: object = None) -> None:
         """The start-up warm-up (`--warmup`), in the background; `startup` says how it goes, and turns ready when it
         ends or has run past ACCELDEMO_WARMUP_TIMEOUT_S (it goes on: a compile cannot be interrupted)."""
         with self._startup_lock:
             self._startup = Startup(StartupState.WARMING, f"{', '.join(map(str, shapes))} ({mode})")
         try:
-            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode), shapes,
+            job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode,
+                                                     quantization=quantization, step_cache=step_cache), shapes,
                                       batches=batches)
         except AcceldemoError as error:
             self._set_startup(Startup(StartupState.FAILED, str(error)))
@@ -520,7 +567,8 @@ class Engine:
                 compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
                 preview_seconds=out.preview_seconds,
                 unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
-                node=self.node, batch=shared, call=call)
+                node=self.node, batch=shared, call=call, cache=out.cache, denoise_seconds=out.denoise_seconds,
+                weight_bytes=out.weight_bytes)
             self.stats.observe(result, count_call=i == 0)
             if not member.cancelled():
                 results.append(result)
@@ -548,9 +596,11 @@ class Engine:
         if not found.available:
             return Offer(spec.name, adapter.name, False, found.reason, None, (), ())
         proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes(), self.settings.max_batch)
+        quantizations = tuple({"name": str(q), "refused": adapter.quantization_refusal(q),
+                               "weight_bytes": sum(component_bytes_at(spec, q).values())} for q in Quantization)
         return Offer(spec.name, adapter.name, True, found.reason, proposal,
                      tuple(mode_options(spec, adapter, placement)),
-                     tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)))
+                     tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)), quantizations)
 
     def describe(self) -> Description:
         """What this host offers: every hardware (absent ones with why), every model with what it can do here."""
@@ -568,7 +618,7 @@ class Engine:
                 available, where, spec.name == self.settings.default_model,
                 tuple(self.offer(spec.name, name) for name in here),
                 tuple(style.describe() for style in model_loras(spec, self.settings).values()), spec.edits,
-                spec.inpaints))
+                spec.inpaints, step_cache_views(spec), spec.cache_advice.describe()))
         return Description(hardware, tuple(models), self.settings.default_model, self.hardware.best_available(),
                            self.settings.pool_nnodes, self.artifacts.report(self.settings.precompile))
 

@@ -65,6 +65,10 @@ class Counters:
     # Pipeline calls, and the requests they drew (more requests than calls: some were drawn together).
     calls: int = 0
     drawn: int = 0
+    # Per step cache that ran ("none" too): transformer calls, and those the cache answered.
+    step_caches: dict[str, dict[str, int]] | None = None
+    # Requests answered from the exact-result cache (ACCELDEMO_RESULT_CACHE).
+    result_cache_hits: int = 0
 
 
 class EngineStats:
@@ -89,6 +93,11 @@ class EngineStats:
         self.evictions = Counter("acceldemo_pipeline_evictions", "Resident pipelines evicted", registry=self.registry)
         self.restarts = Counter("acceldemo_replica_restarts", "Replicas lost (process died or hung) and restarted",
                                 registry=self.registry)
+        self.transformer_calls = Counter("acceldemo_transformer_calls",
+                                         "Transformer calls by step cache, computed or answered by the cache "
+                                         "(skipped)", ("model", "cache", "answer"), registry=self.registry)
+        self.result_hits = Counter("acceldemo_result_cache_hits", "Requests answered from the exact-result cache",
+                                   registry=self.registry)
         self.batches = Histogram("acceldemo_batch_requests", "Requests drawn together in one pipeline call", _LABELS,
                                  buckets=BATCH_BUCKETS, registry=self.registry)
         for outcome in Outcome:  # every outcome shows from the start, at 0
@@ -112,6 +121,25 @@ class EngineStats:
             self.compile_seconds.labels(*labels).inc(result.compile_seconds)
             self.compile_cache_hits.labels(*labels).inc(result.compile_cache_hits)
             self.batches.labels(*labels).observe(result.batch)
+            if result.cache is not None:
+                cache = result.cache.name or "none"
+                self.transformer_calls.labels(result.key.model, cache, "computed").inc(
+                    result.cache.calls - result.cache.skipped)
+                self.transformer_calls.labels(result.key.model, cache, "skipped").inc(result.cache.skipped)
+
+    def step_caches(self) -> dict[str, dict[str, int]]:
+        """Per step cache: transformer calls, and those it answered."""
+        found: dict[str, dict[str, int]] = {}
+        for metric in self.registry.collect():
+            if metric.name != "acceldemo_transformer_calls":
+                continue
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    entry = found.setdefault(sample.labels["cache"], {"calls": 0, "skipped": 0})
+                    entry["calls"] += int(sample.value)
+                    if sample.labels["answer"] == "skipped":
+                        entry["skipped"] += int(sample.value)
+        return found
 
     def _total(self, counter: str) -> float:
         return self._sum(counter, "_total")
@@ -136,4 +164,6 @@ class EngineStats:
                         evictions=int(self._total("acceldemo_pipeline_evictions")),
                         replica_restarts=int(self._total("acceldemo_replica_restarts")),
                         calls=int(self._sum("acceldemo_batch_requests", "_count")),
-                        drawn=int(self._sum("acceldemo_batch_requests", "_sum")))
+                        drawn=int(self._sum("acceldemo_batch_requests", "_sum")),
+                        step_caches=self.step_caches(),
+                        result_cache_hits=int(self._total("acceldemo_result_cache_hits")))

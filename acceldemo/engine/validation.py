@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
 from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode_note, offered_by
+from ..models.caches import AUTO, NONE, STEP_CACHE_CHOICES, cache_refusal, component_bytes_at
 from ..models.catalog import QUALITIES, ModelSpec, get_model
 from ..models.loras import model_loras
-from ..records import DeviceSet, GenerateParams, Mode, Placement, Request, Shape
+from ..records import DeviceSet, GenerateParams, Mode, Placement, Quantization, Request, Shape, StepCache
 from .pictures import check_edit
 
 MAX_PROMPT_CHARS = 2000
@@ -67,32 +68,42 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | Non
     return options
 
 
-def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size: int, shape: Shape) -> int:
+def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size: int, shape: Shape,
+              quantization: Quantization = Quantization.NONE) -> int:
     """How many requests one call of this model may draw together at this shape: the model's own cap, within the
     memory a device has beside the weights it holds (all of them, its tensor-parallel share, or with offload the
-    largest component), at the model's working memory per image and megapixel."""
+    largest component; at their quantization), at the model's working memory per image and megapixel."""
     if not memory_bytes or not spec.activation_bytes:
         return spec.max_batch
-    held = spec.largest_component_bytes if placement is Placement.OFFLOAD else spec.weight_bytes / max(tp_size, 1)
+    components = component_bytes_at(spec, quantization)
+    held = max(components.values(), default=0) if placement is Placement.OFFLOAD else \
+        sum(components.values()) / max(tp_size, 1)
     per_image = spec.activation_bytes * shape.width * shape.height / 1e6 / max(tp_size, 1)
     return max(1, min(spec.max_batch, int((memory_bytes - held) // per_image)))
 
 
 def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None,
-                      max_batch: int | None = None) -> PlacementProposal:
-    """Where the model should go on this hardware, from its weight sizes and the device memory, and how many requests
-    one call may draw together there at the model's default shape (`max_batch`: the operator's, which wins).
+                      max_batch: int | None = None,
+                      quantization: Quantization = Quantization.NONE) -> PlacementProposal:
+    """Where the model should go on this hardware, from its weight sizes (at `quantization`) and the device memory,
+    and how many requests one call may draw together there at the model's default shape (`max_batch`: the
+    operator's, which wins).
 
     sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
     """
-    proposal = _placement(spec, found, sizes)
+    components = component_bytes_at(spec, quantization)
+    proposal = _placement(sum(components.values()), max(components.values(), default=0), found, sizes)
+    if quantization is not Quantization.NONE:
+        proposal = dataclasses.replace(proposal, reason=f"{quantization} weights: {proposal.reason}")
     return dataclasses.replace(proposal, batch=max_batch or batch_fit(spec, found.memory_bytes, proposal.placement,
-                                                                      proposal.tp_size, spec.default_shape))
+                                                                      proposal.tp_size, spec.default_shape,
+                                                                      quantization))
 
 
-def _placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None) -> PlacementProposal:
+def _placement(weight_bytes: int, largest: int, found: Availability,
+               sizes: tuple[int, ...] | None) -> PlacementProposal:
     memory = found.memory_bytes
-    weights = spec.weight_bytes * HEADROOM
+    weights = weight_bytes * HEADROOM
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
 
     def copies(size: int) -> tuple[int, str]:
@@ -102,19 +113,19 @@ def _placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | No
 
     if not memory or weights <= memory:
         count, replicas = copies(1)
-        return PlacementProposal(Placement.DEVICE, 1, f"{gb(spec.weight_bytes)} of weights fit one of "
+        return PlacementProposal(Placement.DEVICE, 1, f"{gb(weight_bytes)} of weights fit one of "
                                                       f"{found.device_count} device(s) ({gb(memory)} each){replicas}",
                                  count)
-    if spec.largest_component_bytes * HEADROOM <= memory:
+    if largest * HEADROOM <= memory:
         count, replicas = copies(1)
-        return PlacementProposal(Placement.OFFLOAD, 1, f"{gb(spec.weight_bytes)} of weights exceed one device "
+        return PlacementProposal(Placement.OFFLOAD, 1, f"{gb(weight_bytes)} of weights exceed one device "
                                                        f"({gb(memory)}), but each component fits: offload moves one "
                                                        f"at a time{replicas}", count)
     candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
     size = next((n for n in candidates if n > max(found.device_count, 2)
-                 or spec.largest_component_bytes * HEADROOM / n <= memory), candidates[-1])
+                 or largest * HEADROOM / n <= memory), candidates[-1])
     count, replicas = copies(size)
-    return PlacementProposal(Placement.TP, size, f"the largest component ({gb(spec.largest_component_bytes)}) "
+    return PlacementProposal(Placement.TP, size, f"the largest component ({gb(largest)}) "
                                                  f"exceeds one device ({gb(memory)}): tensor parallel over "
                                                  f"{size}{replicas}", count)
 
@@ -209,7 +220,9 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     adapter = hardware.require_available(named or hardware.best_available())
     mode = DEFAULT_MODE if _absent(params.mode) else _named("mode", params.mode, Mode, all_modes())
     chosen = None if _absent(params.placement) else _named("placement", params.placement, Placement, tuple(Placement))
-    proposed = propose_placement(spec, adapter.detect(), adapter.tensor_parallel_sizes())
+    weights = Quantization.NONE if _absent(params.quantization) else \
+        _named("quantization", params.quantization, Quantization, tuple(Quantization))
+    proposed = propose_placement(spec, adapter.detect(), adapter.tensor_parallel_sizes(), quantization=weights)
     placement = chosen or proposed.placement
     for option in mode_options(spec, adapter, placement):
         if option.name is mode and not option.ok:
@@ -234,13 +247,74 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
         field = "mask" if not _absent(params.mask) else "strength"
         raise InvalidRequest(field, "given without an image", "only with an image to edit")
     lora, lora_scale = check_lora(spec, settings, placement, params.lora, params.lora_scale)
+    quantization = check_quantization(adapter, placement, weights)
+    step_cache, why = check_step_cache(spec, mode, placement, steps, params.step_cache)
     return Request(
         prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size,
         shape=shape or spec.default_shape, steps=steps,
         guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
                          0.0, MAX_GUIDANCE),
         seed=seed, num_images=num_images, devices=devices, quality=quality, previews=bool(params.previews),
-        edit=edit, lora=lora, lora_scale=lora_scale)
+        edit=edit, lora=lora, lora_scale=lora_scale, step_cache=step_cache,
+        step_cache_asked=None if _absent(params.step_cache) else str(params.step_cache), step_cache_why=why,
+        quantization=quantization)
+
+
+def check_step_cache(spec: ModelSpec, mode: Mode, placement: Placement, steps: int,
+                     asked: object) -> tuple[StepCache | None, str]:
+    """The step cache a request runs with (None: none) and, for auto, why: the model's advice, in this mode."""
+    if _absent(asked) or asked == NONE:
+        return None, ""
+    if asked not in STEP_CACHE_CHOICES:
+        raise UnknownName("step_cache", asked, STEP_CACHE_CHOICES)
+    if asked == AUTO:
+        advice = spec.cache_advice
+        cache = advice.resolve(steps)
+        if cache is not None and step_cache_refusal(spec, cache, mode, placement) is not None:
+            return None, f"{advice.why}; not in mode {mode}: {step_cache_refusal(spec, cache, mode, placement)}"
+        return cache, advice.why
+    cache = StepCache(asked)
+    reason = step_cache_refusal(spec, cache, mode, placement)
+    if reason:
+        raise UnsupportedCombination("step_cache", f"step_cache {str(cache)!r} is not possible here: {reason}")
+    return cache, ""
+
+
+def step_cache_refusal(spec: ModelSpec, cache: StepCache, mode: Mode, placement: Placement) -> str | None:
+    """Why this cache cannot run for this model in this mode and placement (None: it can)."""
+    refusal = cache_refusal(spec, cache)
+    if refusal:
+        return refusal
+    if cache.decides_per_call:
+        return None
+    if mode.compiles:
+        return (f"in mode {mode} its hooks decide inside the transformer, in Python, which a fullgraph compile cannot "
+                "trace: eager modes only (taylorseer decides before the transformer runs and works compiled)")
+    if placement is Placement.TP:
+        return ("its hooks decide per rank inside the sharded transformer, and a rank deciding otherwise would leave "
+                "the others waiting in an all-reduce: with tensor parallelism only taylorseer (decided from the step "
+                "count, the same on every rank)")
+    return None
+
+
+def step_cache_options(spec: ModelSpec, mode: Mode, placement: Placement) -> list[tuple[str, str | None]]:
+    """Every step cache name with why it is refused for this model, mode and placement (None: offered)."""
+    return [(str(cache), step_cache_refusal(spec, cache, mode, placement)) for cache in StepCache]
+
+
+def check_quantization(hardware: Hardware, placement: Placement, quantization: Quantization) -> Quantization:
+    """The weights' quantization, where the hardware and placement can hold it."""
+    if quantization is Quantization.NONE:
+        return quantization
+    if placement is Placement.TP:
+        raise UnsupportedCombination("quantization", f"quantization {str(quantization)!r} is not possible with "
+                                                     "tensor-parallel placement: diffusers' sharded loading refuses "
+                                                     "quantized weights; run it on one device or with offload")
+    refusal = hardware.quantization_refusal(quantization)
+    if refusal:
+        raise UnsupportedCombination("quantization", f"quantization {str(quantization)!r} is not possible on "
+                                                     f"{hardware.name}: {refusal}")
+    return quantization
 
 
 def check_lora(spec: ModelSpec, settings: Settings, placement: Placement, name: object,

@@ -117,6 +117,8 @@ class Offer:
     proposal: PlacementProposal | None
     modes: tuple[Option, ...]
     tp_sizes: tuple[int, ...]
+    # Each quantization with why it is refused on this hardware (None: offered), and the weight bytes it leaves.
+    quantizations: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ class ModelView:
     loras: tuple[dict, ...] = ()
     edits: str = "strength"
     inpaints: bool = False
+    # Each step cache: the model's preset (name, title, params, why; `eager_only` for diffusers' block hooks) or why
+    # it is refused; and what `auto` picks (cache, from_steps, why).
+    step_caches: tuple[dict, ...] = ()
+    cache_advice: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -200,5 +206,5 @@ def _derived(value) -> dict:
     if isinstance(value, PipelineView):
         key = value.key
         return {"model": key.model, "hardware": key.hardware, "device": str(key.devices), "mode": key.mode.value,
-                "placement": key.placement.value, "tp_size": key.tp_size}
+                "placement": key.placement.value, "tp_size": key.tp_size, "quantization": key.quantization.value}
     return {}

@@ -48,12 +48,12 @@ class LocalExecutor:
         hardware.activate()
         started = time.perf_counter()
         on_progress(Progress(Phase.LOAD, f"loading {spec.title}"))
-        pipe = load_pipeline(spec, self.settings)
+        pipe = load_pipeline(spec, self.settings, key.quantization)
         # Progress goes through our own events; diffusers' tqdm bars would only clutter logs.
         pipe.set_progress_bar_config(disable=True)
         on_progress(Progress(Phase.LOAD, f"placing on {key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
-        store = self.store if precompiles(self.settings, hardware, key.mode, key.placement) else None
+        store = self.store if precompiles(self.settings, hardware, key.mode, key.placement, key.quantization) else None
         apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec.name,
                      hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
-from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Request, RunOutput
-from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
 from ..models.catalog import get_model
+from ..models.loading import weight_bytes
+from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
+from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
 from .edits import EditCall
 from .previews import PreviewMaker
-from .styles import prepare_styles, use_style
 from .remote import STORE_EVENTS
+from .step_cache import install_seam, step_cache
+from .styles import prepare_styles, use_style
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
 # contiguous input, later ones a strided slice).
@@ -36,10 +38,13 @@ def recompile_limits(settings: Settings) -> dict[str, int]:
     return {"recompile_limit": wanted, "accumulated_recompile_limit": 4 * wanted}
 
 
-def precompiles(settings: Settings, hardware: Hardware, mode: Mode, placement: Placement) -> bool:
-    """Whether mode compiled is served from saved AOTInductor packages rather than `transformer.compile`."""
+def precompiles(settings: Settings, hardware: Hardware, mode: Mode, placement: Placement,
+                quantization: Quantization = Quantization.NONE) -> bool:
+    """Whether mode compiled is served from saved AOTInductor packages rather than `transformer.compile`. Not for
+    quantized weights: a package is exported from plain tensors, torchao's quantized ones are tensor subclasses."""
     return (settings.precompile == "auto" and mode is Mode.COMPILED and placement is Placement.DEVICE
-            and hardware.aot_artifacts and hardware.compile_backend == "inductor")
+            and quantization is Quantization.NONE and hardware.aot_artifacts
+            and hardware.compile_backend == "inductor")
 
 
 def compile_transformer(pipe, backend: str, mode: Mode) -> None:
@@ -68,6 +73,8 @@ def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, set
         PrecompiledTransformer.install(pipe, precompiled, model, hardware, str(placement))
     else:
         compile_transformer(pipe, hardware.compile_backend, mode)
+    install_seam(pipe)  # after the compile: the step caches' seam wraps the compiled call
+    pipe._acceldemo_weight_bytes = weight_bytes(pipe)
 
 
 def pipeline_kwargs(call: Request | Batch, output_type: str = "pil", **extra) -> dict:
@@ -223,13 +230,16 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     gate = contextlib.nullcontext() if not request.mode.compiles else \
         COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
     sized = torch._dynamo.config.patch(**limits) if limits and request.mode.compiles else contextlib.nullcontext()
-    with gate, sized, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode):
+    with gate, sized, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode), \
+            step_cache(pipe, edit.pipe, request) as cache:
         started = time.perf_counter()
         images = edit.pipe(**kwargs).images
         hardware.synchronize()
     seconds = time.perf_counter() - started
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    denoise = max(step_ends[-1] - cache.first_call - meter.seconds, 0.0) if step_ends and cache.first_call else None
     return RunOutput(images=list(images[:batch.images]), seconds=seconds, new_graphs=meter.graphs,
                      compile_seconds=meter.seconds, compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
                      preview_seconds=previews.spent if previews else 0.0,
-                     package_events=meter.package_events, store_problem=meter.store_problem)
+                     package_events=meter.package_events, store_problem=meter.store_problem, cache=cache.use,
+                     denoise_seconds=denoise, weight_bytes=getattr(pipe, "_acceldemo_weight_bytes", 0))

@@ -319,14 +319,14 @@ class Rank:
         started = time.perf_counter()
         progress(Progress(Phase.LOAD, f"loading {spec.title} sharded over {self.world_size} ranks"
                           if self.world_size > 1 else f"loading {spec.title}"))
-        pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh)
+        pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh, key.quantization)
         pipe.set_progress_bar_config(disable=True)
         where = f"{key.mode}, tp{self.world_size}" if self.world_size > 1 else str(key.mode)
         progress(Progress(Phase.LOAD, f"placing on {key.devices} ({where})", elapsed=time.perf_counter() - started))
         # A whole pipeline (a pool of one rank: a replica) uses the host's precompiled packages like the app does;
         # sharded transformers cannot be exported into one.
         store = ArtifactStore.of(self.settings) if self.world_size == 1 and precompiles(
-            self.settings, self.hardware, key.mode, key.placement) else None
+            self.settings, self.hardware, key.mode, key.placement, key.quantization) else None
         # The rank sees only its own devices: the first visible one is its device.
         apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec.name,
                      self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))

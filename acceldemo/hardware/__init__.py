@@ -153,6 +153,11 @@ def prepare_process(settings: Settings) -> None:
     if tpu_autoload_would_abort():
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         log.warning("torch_tpu is installed without libtpu: backend autoload turned off so torch can load")
+    # torchao (quantized weights) warns at import about each CUDA kernel library a CPU build cannot load, about enums
+    # it registers with torch's pytree, and diffusers about torchao classes of older releases it cannot import: none
+    # of them is used here, and each is printed by every process that imports diffusers.
+    for name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 _discover()

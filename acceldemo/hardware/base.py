@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..config import Settings
-from ..records import COMPILED_MODES, DeviceSet, Mode
+from ..records import COMPILED_MODES, DeviceSet, Mode, Quantization
 
 GiB = 1024**3
 # Probe answers of this process, by adapter class and probe (see Hardware._probe).
@@ -217,6 +217,16 @@ class Hardware:
         listed = ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
         return f"{self.detect().generation or self.name} runs tensor parallel on {listed} chips — " \
                f"{per_host} is not one of them"
+
+    def quantization_refusal(self, quantization: Quantization) -> str | None:
+        """Why this hardware cannot run weights at that quantization, or None when it can. int8 weight-only is plain
+        tensor ops (int8 weights dequantized into the matmul) and runs everywhere; fp8 needs fp8 matmuls that torchao
+        drives, CUDA's (`CudaHardware`)."""
+        if quantization is not Quantization.FP8:
+            return None
+        return (f"{self.name} has no fp8 matmul torchao drives: its float8 kernels are CUDA's (sm_89 and newer); "
+                "Trainium2's and TPU v7's own fp8 are reached through their compilers, not wired here yet. int8 "
+                "halves the weights as fp8 would")
 
     def launcher_env(self, nproc_per_node: int) -> dict[str, str]:
         """Environment torchrun's processes need on this hardware, beyond torchrun's own."""

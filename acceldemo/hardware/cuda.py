@@ -1,7 +1,7 @@
 """NVIDIA CUDA: built into torch; inductor; NCCL for tensor parallelism."""
 from __future__ import annotations
 
-from ..records import DeviceSet
+from ..records import DeviceSet, Quantization
 from .base import Hardware, probe_script
 
 
@@ -24,8 +24,11 @@ n = torch.cuda.device_count()
 if n == 0:
     return {'available': False, 'reason': 'no CUDA device found (torch.cuda.device_count() == 0)'}
 p = torch.cuda.get_device_properties(0)
-return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memory_bytes': p.total_memory}
+return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memory_bytes': p.total_memory,
+        'generation': f'sm_{p.major}{p.minor}'}
 """)
+    # fp8 (e4m3) matmuls: Ada (sm_89) and Hopper (sm_90) and newer.
+    fp8_from = (8, 9)
 
     def torch_device(self, devices: DeviceSet) -> str:
         return f"cuda:{devices.indices[0]}"
@@ -39,6 +42,16 @@ return {'available': True, 'reason': f'{n} x {p.name}', 'device_count': n, 'memo
         import torch
 
         torch.cuda.set_device(local_rank)
+
+    def quantization_refusal(self, quantization: Quantization) -> str | None:
+        generation = self.detect().generation  # sm_XY
+        if quantization is not Quantization.FP8 or not generation.startswith("sm_"):
+            return None
+        digits = generation[3:]
+        if (int(digits[:-1]), int(digits[-1])) >= self.fp8_from:
+            return None
+        return (f"this GPU is {generation}: fp8 matmuls need sm_89 or newer (Ada, Hopper); int8 halves the weights "
+                "as fp8 would")
 
     def toolchain(self) -> str:
         import torch

@@ -1,12 +1,15 @@
 """Loading a catalog model from local files only: the embedded builders, a model folder, or the HF cache."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
 
 from ..config import Settings
 from ..errors import ModelUnavailable
+from ..records import Quantization
+from .caches import QUANTIZED_PREFIXES
 from .catalog import ModelSpec
 
 # Loading is not thread-safe, so pipelines for two devices of one process load one after the other. diffusers
@@ -60,8 +63,51 @@ def model_availability(spec: ModelSpec, settings: Settings) -> tuple[bool, str]:
                    f"the Hugging Face cache; the app never downloads (`hf download {spec.repo}` on a connected host)")
 
 
-def load_pipeline(spec: ModelSpec, settings: Settings, **components):
-    """The model's diffusers pipeline in its recipe dtype, from local files; never downloads."""
+def quantization_config(spec: ModelSpec, source: str, quantization: Quantization):
+    """diffusers' pipeline-level quantization for the model: torchao weight-only int8 or fp8 for the transformer and
+    the text encoders (each library's own TorchAoConfig), the rest in the model's dtype."""
+    import diffusers
+    import transformers
+
+    # torchao logs a warning for each of its CUDA kernel libraries a CPU build cannot load; none is used here.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig
+
+    kind = {Quantization.INT8: Int8WeightOnlyConfig, Quantization.FP8: Float8WeightOnlyConfig}[quantization]
+    index = getattr(diffusers, spec.pipeline_class).load_config(source, local_files_only=True)
+    libraries = {"diffusers": diffusers, "transformers": transformers}
+    mapping = {name: libraries[entry[0]].TorchAoConfig(kind()) for name, entry in index.items()
+               if name.startswith(QUANTIZED_PREFIXES) and isinstance(entry, list) and entry[0] in libraries}
+    return diffusers.PipelineQuantizationConfig(quant_mapping=mapping)
+
+
+def weight_bytes(pipe) -> int:
+    """Bytes the pipeline's weights take as held: quantized tensors by their int8/fp8 data and scales, a sharded
+    tensor by this rank's shard."""
+    import torch
+
+    total = 0
+    for component in pipe.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for tensor in component.parameters():
+            stack = [tensor]
+            while stack:
+                part = stack.pop()
+                if type(part) in (torch.Tensor, torch.nn.Parameter):
+                    total += part.numel() * part.element_size()
+                elif hasattr(part, "to_local"):  # a DTensor: this rank's shard
+                    stack.append(part.to_local())
+                else:  # a tensor subclass (torchao's quantized tensors): the plain tensors it holds
+                    names, _ = part.__tensor_flatten__()
+                    stack.extend(getattr(part, name) for name in names)
+    return total
+
+
+def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantization = Quantization.NONE,
+                  **components):
+    """The model's diffusers pipeline in its recipe dtype (its transformer and text encoders at `quantization`),
+    from local files; never downloads."""
     try:
         with _LOADING:
             import diffusers
@@ -69,6 +115,8 @@ def load_pipeline(spec: ModelSpec, settings: Settings, **components):
 
             source = model_source(spec, settings)
             pipeline_class = getattr(diffusers, spec.pipeline_class)
+            if quantization is not Quantization.NONE:
+                components["quantization_config"] = quantization_config(spec, source, quantization)
             return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,
                                                   **components)
     except (OSError, EnvironmentError) as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Settings
+from ..records import Quantization
 from .catalog import ModelSpec
 from .loading import load_pipeline, model_source
 
@@ -20,8 +21,10 @@ class ShardedComponent:
         return f"{self.name} {self.sharded}/{self.parameters}"
 
 
-def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh) -> tuple[object, list[ShardedComponent]]:
-    """The model's pipeline with every component of `spec.tp_components` sharded over `mesh`.
+def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh,
+                          quantization: Quantization = Quantization.NONE) -> tuple[object, list[ShardedComponent]]:
+    """The model's pipeline with every component of `spec.tp_components` sharded over `mesh` (a mesh of one rank:
+    the whole pipeline, at `quantization`; sharded loading takes no quantized weights, the engine refuses both).
 
     diffusers models load with `parallel_config=TensorParallelConfig(mesh=mesh)`, transformers text encoders with
     their own TP plan (`DistributedConfig(tp_plan="auto")`); the rest loads whole. Placing the pipeline on the
@@ -30,7 +33,7 @@ def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh) -> tuple[ob
     import diffusers
 
     if mesh.size() == 1:  # nothing to shard: the whole pipeline (a 1-rank pool measures the pool's own path)
-        pipe = load_pipeline(spec, settings)
+        pipe = load_pipeline(spec, settings, quantization)
         return pipe, [_count(name, getattr(pipe, name)) for name in spec.tp_components]
     if mesh.device_type == "cpu":
         from ..compat import allow_cpu_tensor_parallel
