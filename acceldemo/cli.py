@@ -14,7 +14,8 @@ from .bench import cmd_bench
 from .config import Settings, store_url
 from .errors import AcceldemoError, InvalidRequest
 from .hardware import all_modes, hardware_names, prepare_process
-from .records import GenerateParams, Phase, Placement, Progress, Shape
+from .models.caches import STEP_CACHE_CHOICES
+from .records import GenerateParams, Phase, Placement, Progress, Quantization, Shape
 
 
 def _shape(text: str) -> Shape:
@@ -64,6 +65,11 @@ def _request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, dest="tp_size", help="tensor-parallel world size with --placement tp")
     parser.add_argument("--size", type=_shape, action="append", dest="sizes", metavar="WxH",
                         help="image size; repeat for several (default: the model's)")
+    parser.add_argument("--quantization", choices=[str(q) for q in Quantization],
+                        help="weights: none (default), int8 (torchao weight-only, any hardware), fp8 (CUDA sm_89+)")
+    parser.add_argument("--step-cache", dest="step_cache", metavar="NAME",
+                        help=f"reuse work across denoise steps: {', '.join(STEP_CACHE_CHOICES)} (auto: the model's "
+                             "advice; `info` lists what each model offers and why others are refused)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
                                   "or hf://datasets/ORG/NAME (env ACCELDEMO_ARTIFACTS; options: "
                                   "ACCELDEMO_ARTIFACTS_OPTIONS)")
 
+    compare = commands.add_parser("compare", help="one prompt and seed under two configurations, side by side: times, "
+                                                  "the speed ratio, how far apart the pictures are")
+    compare.add_argument("--prompt", required=True)
+    compare.add_argument("--model", help="catalog model (default: the embedded tiny model)")
+    compare.add_argument("--size", type=_shape, metavar="WxH", help="image size (default: the model's)")
+    compare.add_argument("--seed", type=int, help="default: a random seed, the same for both sides")
+    compare.add_argument("--steps", type=int, help="both sides' steps (a side may set its own)")
+    for side in ("a", "b"):
+        compare.add_argument(f"--{side}", default="", metavar="KEY=VALUE,...",
+                             help=f"side {side.upper()}'s configuration: {', '.join(COMPARE_KEYS)} (e.g. "
+                                  "mode=compiled,step_cache=taylorseer); unset keys take the defaults")
+    compare.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the two PNGs (default outputs/)")
+    compare.add_argument("--json", action="store_true", help="the figures as one JSON object on stdout")
+
     bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
     add_bench_arguments(bench)
     return parser
@@ -144,11 +164,18 @@ def cmd_info(args, engine) -> int:
               f"default {m.default_size}, presets {' '.join(map(str, m.presets))}")
         print(f"      edits by {m.edits}" + (" (takes a mask)" if m.inpaints else "") + "; LoRA styles: "
               + (", ".join(f"{style['name']} (rank {style['rank']})" for style in m.loras) or "none"))
+        offered = [c["name"] + (" (eager only)" if c["eager_only"] else "") for c in m.step_caches if not c["refused"]]
+        print(f"      step caches: {', '.join(offered) or 'none'}; auto: {m.cache_advice['cache']} "
+              f"(from {m.cache_advice['from_steps']} steps); not: "
+              + "; ".join(f"{c['name']} ({c['refused']})" for c in m.step_caches if c["refused"]))
         for offer in m.offers:
             refused = [f"{o.name} ({o.reason})" for o in offer.modes if not o.ok]
             print(f"      on {offer.hardware}: placement {offer.proposal.placement} ({offer.proposal.reason}; "
                   f"up to {offer.proposal.batch} requests per call)"
                   + (f"; not: {'; '.join(refused)}" if refused else ""))
+            print("        weights: " + ", ".join(f"{q['name']} {q['weight_bytes'] / 1e9:.3g} GB"
+                                                  + (f" (not here: {q['refused']})" if q["refused"] else "")
+                                                  for q in offer.quantizations))
     packages = description.precompiled
     print(f"Precompiled packages ({packages['setting']}): {packages['packages']} in {packages['folder']} "
           f"({packages['megabytes']} MB)")
@@ -161,7 +188,8 @@ def _params(args, prompt: str = "warm-up", **extra) -> list[GenerateParams]:
     """One raw request per --size (the model's default size without one)."""
     return [GenerateParams(prompt=prompt, model=args.model, hardware=args.hardware, mode=args.mode,
                            placement=args.placement, tp_size=args.tp_size, device=args.device, resolution=size,
-                           **extra) for size in args.sizes or [None]]
+                           quantization=args.quantization, step_cache=args.step_cache, **extra)
+            for size in args.sizes or [None]]
 
 
 def check_output_folder(folder: Path, field: str = "out") -> Path:
@@ -233,6 +261,65 @@ def cmd_generate(args, engine) -> int:
                     print(f"{path}: {r.width}x{r.height} in {result.seconds:.3f} s "
                           f"(compile {result.compile_seconds:.2f} s, {result.new_graphs} new graphs, "
                           f"{'warm' if result.warm else 'first visit'})", flush=True)
+    return 0
+
+
+# A comparison side's keys, as the CLI takes them (`tp` is tp_size, `step-cache` step_cache).
+COMPARE_KEYS = ("hardware", "mode", "placement", "tp", "step_cache", "quantization", "steps")
+
+
+def side_params(text: str, field: str, **shared) -> GenerateParams:
+    """`KEY=VALUE,...` as one side's raw request on top of the shared values; an unknown key is refused by name."""
+    values: dict[str, object] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in COMPARE_KEYS:
+            raise InvalidRequest(field, part, f"KEY=VALUE with KEY one of {', '.join(COMPARE_KEYS)}")
+        values["tp_size" if key == "tp" else key] = value.strip()
+    return GenerateParams(**{**shared, **values})
+
+
+def cmd_compare(args, engine) -> int:
+    from .engine.compare import configuration
+
+    shared = dict(prompt=args.prompt, model=args.model, resolution=args.size, seed=args.seed, steps=args.steps)
+    first, second = side_params(args.a, "a", **shared), side_params(args.b, "b", **shared)
+    check_output_folder(args.out)
+    comparison = engine.submit_comparison(first, second, TerminalProgress()).result()
+    paths = []
+    for name, result in (("a", comparison.first), ("b", comparison.second)):
+        r = result.request
+        path = args.out / f"compare-{r.model}-{r.width}x{r.height}-seed{r.seed}-{name}.png"
+        result.image.save(path)
+        paths.append(str(path))
+    facts = {**comparison.facts(), "paths": paths}
+    if args.json:
+        print(json.dumps(facts))
+        return 0
+    sides = facts["sides"]
+
+    def row(label: str, values: list[object]) -> None:
+        print(f"{label:<22} {str(values[0]):<44} {values[1]}")
+
+    print(f"{facts['model']} · {facts['size']} · seed {facts['seed']} · {facts['prompt']!r}")
+    row("", ["A", "B"])
+    row("configuration", [configuration(r.request) for r in (comparison.first, comparison.second)])
+    row("total s", [side["total_seconds"] for side in sides])
+    row("compile s", [side["compile_seconds"] for side in sides])
+    row("denoise s", [side["denoise_seconds"] for side in sides])
+    row("transformer calls", [f"{side['step_cache']['calls']} ({side['step_cache']['skipped']} skipped)"
+                              for side in sides])
+    row("weights MB", [round(side["weight_bytes"] / 1e6, 2) for side in sides])
+    row("image", paths)
+    speed = f"{facts['speedup']}x total" if facts["speedup"] else "n/a"
+    if facts["denoise_speedup"]:
+        speed += f", {facts['denoise_speedup']}x denoise"
+    print(f"B's speed ÷ A's: {speed}")
+    print(f"difference: mean |A-B| {facts['mean_abs_difference']}/255, PSNR "
+          + ("identical" if facts["identical"] else f"{facts['psnr_db']} dB"))
     return 0
 
 
@@ -335,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = build_engine(settings)
         try:
-            return {"info": cmd_info, "generate": cmd_generate, "warmup": cmd_warmup}[args.command](args, engine)
+            return {"info": cmd_info, "generate": cmd_generate, "warmup": cmd_warmup,
+                    "compare": cmd_compare}[args.command](args, engine)
         finally:
             engine.close()
     except (AcceldemoError, ValueError) as error:

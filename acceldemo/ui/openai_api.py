@@ -105,6 +105,10 @@ class ImageGenerationRequest(BaseModel):
     # A LoRA style of the model (GET /v1/models lists each model's `loras`) and its strength (0-2).
     lora: str | None = None
     lora_scale: float | None = None
+    # A step cache (none, auto, or one GET /v1/models lists under `step_caches`) and the weights' quantization
+    # (none, int8, fp8).
+    step_cache: str | None = None
+    quantization: str | None = None
 
     # The stream's event names: image_generation.partial_image, image_generation.completed.
     stream_kind: ClassVar[str] = "image_generation"
@@ -135,7 +139,8 @@ class ImageGenerationRequest(BaseModel):
             tp_size=self.tp_size, resolution=None if self.size == "auto" else self.size,
             steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n,
             quality=self.quality, background=self.background, previews=self.partials > 0, lora=self.lora,
-            lora_scale=self.lora_scale, **self.pictures())
+            lora_scale=self.lora_scale, step_cache=self.step_cache, quantization=self.quantization,
+            **self.pictures())
 
     def pictures(self) -> dict:
         return {}
@@ -515,7 +520,8 @@ def _model_entry(model: ModelView, created: int) -> dict:
             "available": model.available, "availability": model.availability, "default": model.default,
             "size": str(model.default_size), "sizes": [str(s) for s in model.presets],
             "num_inference_steps": model.steps, "guidance_scale": model.guidance, "loras": list(model.loras),
-            "edits": {"method": model.edits, "mask": model.inpaints}}
+            "edits": {"method": model.edits, "mask": model.inpaints}, "step_caches": list(model.step_caches),
+            "step_cache_auto": model.cache_advice}
 
 
 def _fact_headers(result: GenerateResult) -> dict[str, str]:

@@ -17,7 +17,10 @@ from ..engine import Description, Engine, ModelView, Offer, Snapshot, as_json, t
 from ..engine.pictures import DEFAULT_STRENGTH
 from ..errors import AcceldemoError
 from ..hardware import all_modes
-from ..records import EditInput, GenerateParams, GenerateResult, Phase, Placement, Progress
+from ..engine.compare import Comparison
+from ..models.caches import AUTO as AUTO_CACHE
+from ..models.caches import NONE as NO_CACHE
+from ..records import EditInput, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
 from ..executors.recipe import BUCKETS
 from .watch import WatchedJob
 
@@ -42,7 +45,8 @@ def series_colors() -> dict[str, str]:
 
 
 def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-            previews: bool = False, picture=None, strength=None, lora=None, lora_scale=None) -> GenerateParams:
+            previews: bool = False, picture=None, strength=None, lora=None, lora_scale=None, step_cache=None,
+            quantization=None) -> GenerateParams:
     """The page's values as the engine's raw request (the placement "auto" is the engine's own proposal; the
     strength counts only with a picture, the style strength only with a style, as the engine wants them)."""
     placement = None if placement in (None, AUTO) else placement
@@ -51,7 +55,8 @@ def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps
                           tp_size=tp_size if placement == Placement.TP else None, resolution=resolution, steps=steps,
                           guidance=guidance, seed=seed, previews=previews, image=picture,
                           strength=strength if picture is not None else None, lora=lora if styled else None,
-                          lora_scale=lora_scale if styled else None)
+                          lora_scale=lora_scale if styled else None, step_cache=step_cache,
+                          quantization=quantization)
 
 
 def picture_upload(**options) -> gr.Image:
@@ -74,7 +79,8 @@ def picture_upload(**options) -> gr.Image:
 # The picture fills its frame whatever its size, scaled up without smoothing: a 64x64 image is 384 px of sharp
 # blocks, not 64 screen pixels in an empty box (and not a blur).
 CSS = """
-#image img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
+#image img, #compare-a-image img, #compare-b-image img {
+    width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
 """
 
 
@@ -117,6 +123,19 @@ def describe_result(result: GenerateResult) -> str:
     drawn_with = [describe_edit(r.edit)] if r.edit else []
     if r.lora:
         drawn_with.append(f"style **{r.lora}** at strength {r.lora_scale:g}")
+    if result.from_cache:
+        return (f"**{r.width}x{r.height}** · {r.model} · seed {r.seed} · **from cache**: an identical request drew "
+                f"this image before; answered in {result.seconds * 1000:.2f} ms")
+    cache = result.facts()["step_cache"]
+    if cache["ran"] != "none":
+        drawn_with.append(f"step cache **{cache['ran']}**: {cache['skipped']} of {cache['calls']} transformer calls "
+                          "answered from the cache")
+    elif cache["asked"] == "auto":
+        drawn_with.append(f"step cache auto: none ({cache['why']})")
+    if r.quantization is not Quantization.NONE:
+        drawn_with.append(f"**{r.quantization}** weights")
+    if result.weight_bytes:
+        drawn_with.append(f"weights {result.weight_bytes / 1e6:.1f} MB")
     reuse = "reused a compiled graph" if result.warm else (
         f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
         f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused" if result.compile_cache_hits
@@ -244,6 +263,41 @@ def style_choices(model: ModelView) -> list[str]:
     return [NO_STYLE, *(style["name"] for style in model.loras)]
 
 
+def step_cache_choices(model: ModelView) -> list[str]:
+    """The step caches the page offers for a model: none, auto, then those it has a preset for."""
+    return [NO_CACHE, AUTO_CACHE, *(c["name"] for c in model.step_caches if not c["refused"])]
+
+
+def describe_comparison(comparison: Comparison) -> str:
+    """The comparison's figures as a table a person reads beside the two images."""
+    facts = comparison.facts()
+    a, b = facts["sides"]
+
+    def seconds(value) -> str:
+        return "—" if value is None else f"{value:.3f}"
+
+    def calls(side) -> str:
+        cache = side["step_cache"]
+        return f"{cache['calls']} ({cache['skipped']} from {cache['ran']})" if cache["ran"] != "none" else \
+            str(cache["calls"])
+
+    rows = [("configuration", a["configuration"], b["configuration"]),
+            ("total s", seconds(a["total_seconds"]), seconds(b["total_seconds"])),
+            ("load s", seconds(a["load_seconds"]), seconds(b["load_seconds"])),
+            ("compile s", seconds(a["compile_seconds"]), seconds(b["compile_seconds"])),
+            ("denoise s", seconds(a["denoise_seconds"]), seconds(b["denoise_seconds"])),
+            ("transformer calls", calls(a), calls(b)),
+            ("weights MB", f"{a['weight_bytes'] / 1e6:.2f}", f"{b['weight_bytes'] / 1e6:.2f}")]
+    speed = "n/a" if facts["speedup"] is None else f"**{facts['speedup']:.2f}×** total"
+    if facts["denoise_speedup"] is not None:
+        speed += f", **{facts['denoise_speedup']:.2f}×** denoise"
+    apart = "identical pictures" if facts["identical"] else \
+        f"mean |A−B| **{facts['mean_abs_difference']:.2f}**/255, PSNR **{facts['psnr_db']:.1f} dB**"
+    table = "\n".join(["| | A | B |", "|---|---|---|", *(f"| {label} | {x} | {y} |" for label, x, y in rows)])
+    return (f"{facts['model']} · {facts['size']} · seed {facts['seed']}  \n{table}\n\n"
+            f"B's speed ÷ A's: {speed} · {apart}")
+
+
 def strength_use(model: ModelView) -> dict:
     """The edit strength slider as it applies to a model: image-to-image uses it, reference images do not."""
     if model.edits == "strength":
@@ -279,12 +333,14 @@ def build_page(engine: Engine) -> gr.Blocks:
     # positionally keep working.
     async def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
                        picture=None, strength=DEFAULT_STRENGTH, lora=NO_STYLE, lora_scale=1.0,
+                       step_cache=NO_CACHE, quantization=str(Quantization.NONE),
                        session: gr.Request = None, progress=gr.Progress()):
         """The image forming in place: each preview as it comes (of the first image), then the image and its facts."""
         try:
             request = engine.check(_params(prompt, model, hardware, mode, placement, tp_size, resolution, steps,
                                            guidance, seed, previews=True, picture=picture, strength=strength,
-                                           lora=lora, lora_scale=lora_scale))
+                                           lora=lora, lora_scale=lora_scale, step_cache=step_cache,
+                                           quantization=quantization))
             job = running[session.session_hash] = WatchedJob(lambda report: engine.submit(request, report))
             try:
                 async for event in job.events():
@@ -298,6 +354,19 @@ def build_page(engine: Engine) -> gr.Blocks:
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
         yield image_file(result.image, outputs), describe_result(result), result.facts()
+
+    async def compare(prompt, model, resolution, seed, *sides, progress=gr.Progress()):
+        """Two configurations of one prompt and seed, the first drawn then the second: both images, the figures."""
+        first, second = (_params(prompt, model, hardware, mode, placement, None, resolution, steps or None, None,
+                                 seed, step_cache=step_cache, quantization=quantization)
+                         for hardware, mode, placement, step_cache, quantization, steps in (sides[:6], sides[6:]))
+        try:
+            comparison = await follow(WatchedJob(lambda report: engine.submit_comparison(first, second, report)),
+                                      progress)
+        except AcceldemoError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        return (image_file(comparison.first.image, outputs), image_file(comparison.second.image, outputs),
+                describe_comparison(comparison), comparison.facts())
 
     def stop_job(session: gr.Request) -> str:
         job = running.get(session.session_hash)
@@ -347,12 +416,16 @@ def build_page(engine: Engine) -> gr.Blocks:
         spec = catalog.get(model)
         if spec is None:
             return (gr.skip(), gr.skip(), gr.skip(), *notes_and_sizes(model, hardware, placement), gr.skip(),
-                    gr.skip(), gr.skip())
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         presets = [str(s) for s in spec.presets]
+        caches = step_cache_choices(spec)
         return (gr.update(choices=presets, value=str(spec.default_size)), spec.steps, spec.guidance,
                 *notes_and_sizes(model, hardware, placement),
                 gr.update(choices=presets, value=[str(spec.default_size)]),
-                gr.update(choices=style_choices(spec), value=NO_STYLE), gr.update(**strength_use(spec)))
+                gr.update(choices=style_choices(spec), value=NO_STYLE), gr.update(**strength_use(spec)),
+                gr.update(choices=caches, value=NO_CACHE), gr.update(choices=caches, value=NO_CACHE),
+                gr.update(choices=caches, value=AUTO_CACHE if AUTO_CACHE in caches else NO_CACHE), spec.steps,
+                spec.steps)
 
     def on_hardware(model, hardware, placement):
         return notes_and_sizes(model, hardware, placement)
@@ -379,6 +452,12 @@ def build_page(engine: Engine) -> gr.Blocks:
                     resolution = gr.Dropdown(default_presets, value=str(default.default_size),
                                              allow_custom_value=True, label="Resolution (WxH, presets or typed)",
                                              elem_id="resolution")
+                with gr.Row():
+                    # Any typed name reaches the engine, which says why a cache is refused for a model or mode.
+                    step_cache = gr.Dropdown(step_cache_choices(default), value=NO_CACHE, allow_custom_value=True,
+                                             label="Step cache (reuse work across steps)", elem_id="step-cache")
+                    quantization = gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE),
+                                               label="Weights", elem_id="quantization")
                 with gr.Row():
                     steps = gr.Number(default.steps, label="Steps", precision=0, elem_id="steps")
                     guidance = gr.Number(default.guidance, label="Guidance", elem_id="guidance")
@@ -419,6 +498,34 @@ def build_page(engine: Engine) -> gr.Blocks:
                 edit_button = gr.Button("Edit this", size="sm", elem_id="edit-this")
                 facts = gr.Markdown(elem_id="facts")
                 facts_json = gr.JSON(label="Facts (JSON)", visible=False)
+        with gr.Accordion("Compare two configurations", open=False, elem_id="compare-section"):
+            gr.Markdown("The prompt, model, resolution and seed above, drawn under A, then under B, on the same line "
+                        "as every request: both pictures, their times, B's speed against A's and how far apart the "
+                        "pictures are.")
+            sides = []
+            with gr.Row():
+                for side in ("a", "b"):
+                    with gr.Column():
+                        gr.Markdown(f"**{side.upper()}**")
+                        sides += [
+                            gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
+                                        elem_id=f"compare-{side}-hardware"),
+                            gr.Dropdown([str(m) for m in all_modes()], value=str(all_modes()[0]), label="Mode",
+                                        elem_id=f"compare-{side}-mode"),
+                            gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
+                                        elem_id=f"compare-{side}-placement"),
+                            gr.Dropdown(step_cache_choices(default), value=NO_CACHE if side == "a" else AUTO_CACHE,
+                                        allow_custom_value=True, label="Step cache",
+                                        elem_id=f"compare-{side}-step-cache"),
+                            gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE),
+                                        label="Weights", elem_id=f"compare-{side}-quantization"),
+                            gr.Number(default.steps, label="Steps", precision=0, elem_id=f"compare-{side}-steps")]
+            compare_button = gr.Button("Compare", variant="primary", elem_id="compare")
+            with gr.Row():
+                compare_a = gr.Image(label="A", type="pil", format="png", elem_id="compare-a-image", height=256)
+                compare_b = gr.Image(label="B", type="pil", format="png", elem_id="compare-b-image", height=256)
+            compare_facts = gr.Markdown(elem_id="compare-facts")
+            compare_json = gr.JSON(label="Comparison (JSON)", visible=False)
         with gr.Accordion("Warm-up", open=False):
             warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)],
                                            label="Shapes to compile")
@@ -435,11 +542,14 @@ def build_page(engine: Engine) -> gr.Blocks:
         timer = gr.Timer(2.0)
 
         inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-                  picture, strength, lora, lora_scale]
+                  picture, strength, lora, lora_scale, step_cache, quantization]
         generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
                                concurrency_id="device")
         stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
         edit_button.click(edit_this, image, picture, queue=False, api_visibility="private")
+        compare_button.click(compare, [prompt, model, resolution, seed, *sides],
+                             [compare_a, compare_b, compare_facts, compare_json], api_name="compare",
+                             concurrency_id="device")
         warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size, warm_batches], warm_result,
                           api_name="warm_up", concurrency_id="device")
         drawn = gr.State(None)  # the chart's points as this page last drew them
@@ -454,8 +564,8 @@ def build_page(engine: Engine) -> gr.Blocks:
         gr.api(pipelines, api_name="status", queue=False)
         dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
         model.change(on_model, [model, hardware, placement],
-                     [resolution, steps, guidance, notes, tp_size, warm_shapes, lora, strength], queue=False,
-                     api_visibility="private")
+                     [resolution, steps, guidance, notes, tp_size, warm_shapes, lora, strength, step_cache, sides[3],
+                      sides[9], sides[5], sides[11]], queue=False, api_visibility="private")
         hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
                         api_visibility="private")
         placement.change(on_placement, [model, hardware, placement], notes, queue=False, api_visibility="private")

@@ -27,18 +27,30 @@ from .page import CSS, build_page
 log = logging.getLogger("acceldemo.server")
 
 
-def parse_warmup(spec: str | None) -> tuple[str, list[Shape], tuple[int, ...]] | None:
-    """`MODE:WxH,WxH[@B,B]` (e.g. compiled:64x64,128x64@1,2,4) to a mode, shapes and the batch sizes compiled at
-    each (calls drawing that many requests together; default 1); None when unset."""
+WARMUP_FORM = ("MODE:WxH[,WxH...][@B,B...][:quantization=Q,step_cache=C], e.g. compiled:64x64@1,2,4 or "
+               "compiled:64x64:quantization=int8")
+# The request values a warm-up spec may set beyond its mode, shapes and batch sizes.
+WARMUP_OPTIONS = ("quantization", "step_cache")
+
+
+def parse_warmup(spec: str | None) -> tuple[str, list[Shape], tuple[int, ...], dict[str, str]] | None:
+    """`MODE:WxH,WxH[@B,B][:quantization=Q,step_cache=C]` (e.g. compiled:64x64,128x64@1,2,4) to a mode, shapes, the
+    batch sizes compiled at each (calls drawing that many requests together; default 1) and the request's quantization
+    and step cache (checked by the engine like any request's); None when unset."""
     if not spec:
         return None
     mode, _, rest = spec.partition(":")
+    rest, _, named = rest.partition(":")
     sizes, _, batches = rest.partition("@")
     try:
         counts = tuple(int(b) for b in batches.split(",") if b.strip()) or (1,)
+        options = dict(part.split("=", 1) for part in named.split(",") if part.strip())
     except ValueError:
-        raise InvalidRequest("warmup", spec, "MODE:WxH[,WxH...][@B,B...], e.g. compiled:64x64@1,2,4") from None
-    return mode, [parse_resolution(s) for s in sizes.split(",") if s.strip()], counts
+        raise InvalidRequest("warmup", spec, WARMUP_FORM) from None
+    unknown = sorted(set(options) - set(WARMUP_OPTIONS))
+    if unknown:
+        raise InvalidRequest("warmup", spec, f"{WARMUP_FORM}; {unknown[0]} is not one of {', '.join(WARMUP_OPTIONS)}")
+    return mode, [parse_resolution(s) for s in sizes.split(",") if s.strip()], counts, options
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -63,7 +75,7 @@ def bearer_guard(token: str | None):
     return check
 
 
-def create_app(engine: Engine, warmup: tuple[str, list[Shape], tuple[int, ...]] | None = None, model: str | None = None,
+def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = None,
                auth: tuple[str, str] | None = None, api_token: str | None = None) -> FastAPI:
     """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
     (or has run past `warmup_timeout_s`).
@@ -78,8 +90,8 @@ def create_app(engine: Engine, warmup: tuple[str, list[Shape], tuple[int, ...]] 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         if warmup:
-            mode, shapes, batches = warmup
-            engine.start_warm_up(mode, shapes, model=model, batches=batches)
+            mode, shapes, batches, *options = warmup
+            engine.start_warm_up(mode, shapes, model=model, batches=batches, **(options[0] if options else {}))
         yield
         images.close()
         engine.close()
@@ -123,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=settings.port,
                         help="port (default 7860; env GRADIO_SERVER_PORT, else PORT)")
     parser.add_argument("--warmup", default=settings.warmup,
-                        help="compile at start: MODE:WxH[,WxH...][@B,B...], e.g. compiled:64x64,128x64, or with the "
-                             "batch sizes of calls drawing requests together compiled too, compiled:64x64@1,2,4 "
+                        help="compile at start: MODE:WxH[,WxH...][@B,B...][:quantization=Q,step_cache=C], e.g. "
+                             "compiled:64x64,128x64, or with the batch sizes of calls drawing requests together "
+                             "compiled too, compiled:64x64@1,2,4, or int8 weights, compiled:64x64:quantization=int8 "
                              "(env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
     parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
