@@ -189,3 +189,23 @@ def test_an_example_picks_tiny_shapes_at_its_size_and_an_unknown_word_is_named(p
     result = generate_and_watch(page, seed=41)
     assert "64x64" in result[-1] and "tiny-shapes does not know: purple — it knows red" in result[-1]
     assert shown_size(page, (64, 64)) == [64, 64]
+
+
+def test_compare_shows_both_pictures_their_times_and_how_far_apart_they_are(page):
+    page.get_by_text("Compare two configurations").click()
+    page.locator("#compare").wait_for(state="visible")
+    choose(page, "compare-a-mode", "eager")
+    choose(page, "compare-b-mode", "compiled")
+    choose(page, "compare-b-step-cache", "taylorseer")
+    for side in ("a", "b"):
+        page.locator(f"#compare-{side}-steps input").fill("12")
+    page.locator("#compare").click()
+    facts = page.locator("#compare-facts")
+    facts.get_by_text("B's speed ÷ A's").wait_for(timeout=180_000)
+    text = facts.inner_text()
+    assert "cpu · eager · device · no step cache" in text and "cpu · compiled · device · taylorseer" in text
+    assert "12 (7 from taylorseer)" in text and "PSNR" in text and "denoise s" in text
+    script = "id => { const i = document.querySelector(`#${id} img`); return !!i && i.complete && i.naturalWidth > 0 }"
+    for side in ("a", "b"):
+        page.wait_for_function(script, arg=f"compare-{side}-image", timeout=15_000)
+    page.locator("#compare-section").screenshot(path=str(ARTIFACTS / "compare.png"))

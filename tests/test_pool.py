@@ -412,3 +412,13 @@ def test_rank_zero_sends_the_previews_the_one_process_pipeline_makes(klein):
     local.run(request, False, alone.append)
     expected = [e.preview.pixels for e in alone if e.preview is not None]
     assert all(np.abs(p.pixels.astype(int) - e).max() <= 1 for p, e in zip(previews, expected, strict=True))
+
+
+@pytest.mark.slow
+def test_every_rank_skips_the_same_steps_with_taylorseer_and_the_image_is_the_one_process_image(klein):
+    request = tp_request(step_cache="taylorseer", steps=10)
+    out = klein.run(request, False, no_progress, output_type="np")
+    assert (out.cache.name, out.cache.calls, out.cache.skipped) == ("taylorseer", 10, 5)
+    assert np.abs(out.images[0] - one_process_image(request)).max() < 1e-4
+    plain = klein.run(tp_request(steps=10), False, no_progress, output_type="np")
+    assert plain.cache.skipped == 0 and np.abs(plain.images[0] - out.images[0]).max() > 0

@@ -93,7 +93,7 @@ def test_tiny_shapes_says_what_it_does_not_know_and_refuses_sizes_it_does_not_dr
 def test_status_endpoint_lists_pipelines_and_shapes(client, server):
     call_generate(client, resolution="64x64")
     status = client.predict(api_name="/status")
-    compiled = next(p for p in status["pipelines"] if p["mode"] == "compiled")
+    compiled = next(p for p in status["pipelines"] if (p["model"], p["mode"]) == ("tiny-flux2-klein", "compiled"))
     shapes = {s["shape"]: s for s in compiled["shapes"] if s["batch"] == 1}
     assert shapes["64x64"]["state"] == "ready" and shapes["64x64"]["graphs"] > 0 and shapes["64x64"]["hits"] >= 1
     assert status["startup"]["shown"].startswith("done: 64x64 ready") and status["startup"]["state"] == "done"
