@@ -103,7 +103,7 @@ def test_warmup_reports_each_shape(capsys):
     (["warmup", "--size", "64x70"], "error: height=70 is not accepted"),
     (["generate", "--prompt", "x", "--device", "cpu:7"], "error: device='cpu:7' is not accepted: one of cpu:0 here"),
     (["generate", "--prompt", "x", "--placement", "tp", "--tp", "3"],
-     "error: tp_size=3 is not accepted: a divisor of the 4 attention heads"),
+     "error: tp_size=3 is not accepted: a divisor of the 4 transformer attention heads"),
     (["generate", "--prompt", "x", "--size", "0x64"], "error: width=0 is not accepted"),
     (["generate", "--prompt", "x", "--guidance", "nan"], "error: guidance=nan is not accepted"),
     (["generate", "--prompt", "x", "--seed", "-5"], "error: seed=-5 is not accepted"),

@@ -63,7 +63,8 @@ BAD = [
     ({"mode": "compiled", "placement": "offload"}, UnsupportedCombination,
      "offload hooks cannot be traced: with offload only regional or eager"),
     ({"model": "tiny-sd3", "placement": "tp", "tp_size": 2}, UnsupportedCombination, "no tensor-parallel plan"),
-    ({"placement": "tp", "tp_size": 3}, InvalidRequest, "a divisor of the 4 attention heads"),
+    ({"placement": "tp", "tp_size": 3}, InvalidRequest, "a divisor of the 4 transformer attention heads and the 4 "
+                                                        "text encoder attention heads"),
     ({"hardware": "neuron"}, HardwareUnavailable, "hardware 'neuron' is not available here: torch_neuronx is not installed"),
     ({"hardware": "tpu"}, HardwareUnavailable, "torch_tpu is not installed"),
 ]
@@ -106,7 +107,7 @@ def test_sd3_offers_no_regional_mode_and_says_why():
     ("flux2-klein-4b", 24, 64, "device", 1),   # fits one NeuronCore
     ("flux1-schnell", 32, 4, "offload", 1),    # does not fit one v6e chip, each component does
     ("sd3.5-medium", 32, 4, "device", 1),      # ~15 GB fits one v6e chip
-    ("flux2-dev", 24, 64, "tp", 4),            # 64 GB transformer over 24 GiB cores
+    ("flux2-dev", 24, 64, "tp", 8),            # 64 + 47 GB sharded: 14 GB per 24 GiB core at 8, 28 GB at 4
     ("flux2-dev", 32, 8, "tp", 4),            # v6e chips
     ("flux2-dev", 96, 16, "offload", 1),      # a whole trn2 chip holds each component
 ])
@@ -133,15 +134,15 @@ def test_tp_size_the_tpu_launcher_cannot_start_is_refused_naming_the_sizes_that_
 
 @pytest.mark.parametrize("sizes, tp", [(None, 2), ((1, 4, 8), 4), ((2, 4, 8), 2)])
 def test_tensor_parallel_is_proposed_only_over_sizes_the_launcher_accepts(sizes, tp):
-    # FLUX.2-dev's largest component fits two 48 GiB devices.
-    proposal = propose_placement(CATALOG["flux2-dev"], Availability(True, "", 8, 48 * GiB), sizes)
+    # FLUX.2-dev's two components, sharded, fit two 64 GiB devices (56 GB each); its transformer alone does not fit one.
+    proposal = propose_placement(CATALOG["flux2-dev"], Availability(True, "", 8, 64 * GiB), sizes)
     assert (proposal.placement, proposal.tp_size) == ("tp", tp)
 
 
 @pytest.mark.parametrize("model, count, placement, replicas, says", [
     ("flux2-klein-4b", 8, "device", 8, "fit one of 8 device(s) (25.8 GB each): 8 replicas, one per device"),
     ("flux2-klein-4b", 1, "device", 1, "fit one of 1 device(s) (25.8 GB each)"),
-    ("flux2-dev", 8, "tp", 2, "tensor parallel over 4: 2 replicas, 4 devices each"),
+    ("flux2-dev", 8, "tp", 2, "tensor parallel over 4 holds 27.9 GB per device: 2 replicas, 4 devices each"),
 ])
 def test_the_proposal_says_how_many_replicas_the_host_holds(model, count, placement, replicas, says):
     memory = {"device": 24, "tp": 32}[placement] * GiB

@@ -68,6 +68,16 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | Non
     return options
 
 
+def held_bytes(spec: ModelSpec, components: dict[str, int], placement: Placement, tp_size: int) -> float:
+    """Weight bytes one device holds at once: all of them; with offload the largest component; with tensor
+    parallelism its share of every sharded component and the whole of the others."""
+    if placement is Placement.OFFLOAD:
+        return max(components.values(), default=0)
+    shardable = sum(size for name, size in components.items() if name in spec.tp_components)
+    total = sum(components.values())
+    return total if placement is not Placement.TP else shardable / max(tp_size, 1) + total - shardable
+
+
 def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size: int, shape: Shape,
               quantization: Quantization = Quantization.NONE) -> int:
     """How many requests one call of this model may draw together at this shape: the model's own cap, within the
@@ -75,9 +85,7 @@ def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size:
     largest component; at their quantization), at the model's working memory per image and megapixel."""
     if not memory_bytes or not spec.activation_bytes:
         return spec.max_batch
-    components = component_bytes_at(spec, quantization)
-    held = max(components.values(), default=0) if placement is Placement.OFFLOAD else \
-        sum(components.values()) / max(tp_size, 1)
+    held = held_bytes(spec, component_bytes_at(spec, quantization), placement, tp_size)
     per_image = spec.activation_bytes * shape.width * shape.height / 1e6 / max(tp_size, 1)
     return max(1, min(spec.max_batch, int((memory_bytes - held) // per_image)))
 
@@ -91,8 +99,7 @@ def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ..
 
     sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
     """
-    components = component_bytes_at(spec, quantization)
-    proposal = _placement(sum(components.values()), max(components.values(), default=0), found, sizes)
+    proposal = _placement(spec, component_bytes_at(spec, quantization), found, sizes)
     if quantization is not Quantization.NONE:
         proposal = dataclasses.replace(proposal, reason=f"{quantization} weights: {proposal.reason}")
     return dataclasses.replace(proposal, batch=max_batch or batch_fit(spec, found.memory_bytes, proposal.placement,
@@ -100,10 +107,10 @@ def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ..
                                                                       quantization))
 
 
-def _placement(weight_bytes: int, largest: int, found: Availability,
+def _placement(spec: ModelSpec, components: dict[str, int], found: Availability,
                sizes: tuple[int, ...] | None) -> PlacementProposal:
     memory = found.memory_bytes
-    weights = weight_bytes * HEADROOM
+    weight_bytes, largest = sum(components.values()), max(components.values(), default=0)
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
 
     def copies(size: int) -> tuple[int, str]:
@@ -111,7 +118,7 @@ def _placement(weight_bytes: int, largest: int, found: Availability,
         per = "one per device" if size == 1 else f"{size} devices each"
         return count, f": {count} replicas, {per}" if count > 1 else ""
 
-    if not memory or weights <= memory:
+    if not memory or weight_bytes * HEADROOM <= memory:
         count, replicas = copies(1)
         return PlacementProposal(Placement.DEVICE, 1, f"{gb(weight_bytes)} of weights fit one of "
                                                       f"{found.device_count} device(s) ({gb(memory)} each){replicas}",
@@ -121,13 +128,17 @@ def _placement(weight_bytes: int, largest: int, found: Availability,
         return PlacementProposal(Placement.OFFLOAD, 1, f"{gb(weight_bytes)} of weights exceed one device "
                                                        f"({gb(memory)}), but each component fits: offload moves one "
                                                        f"at a time{replicas}", count)
-    candidates = [n for n in sizes if n >= 2] if sizes else [2**k for k in range(1, 7)]
-    size = next((n for n in candidates if n > max(found.device_count, 2)
-                 or largest * HEADROOM / n <= memory), candidates[-1])
+    per_device = lambda n: held_bytes(spec, components, Placement.TP, n)  # noqa: E731
+    divisors = [count for _, count in spec.shard_divisors()]
+    candidates = [n for n in (sizes or [2**k for k in range(1, 7)]) if n >= 2
+                  and all(count % n == 0 for count in divisors)] or [2]
+    size = next((n for n in candidates if per_device(n) * HEADROOM <= memory), candidates[-1])
     count, replicas = copies(size)
-    return PlacementProposal(Placement.TP, size, f"the largest component ({gb(largest)}) "
-                                                 f"exceeds one device ({gb(memory)}): tensor parallel over "
-                                                 f"{size}{replicas}", count)
+    beyond = f"; more than this host's {found.device_count} device(s): a pool across hosts" \
+        if size > found.device_count else ""
+    return PlacementProposal(Placement.TP, size, f"the largest component ({gb(largest)}) exceeds one device "
+                                                 f"({gb(memory)}): tensor parallel over {size} holds "
+                                                 f"{gb(per_device(size))} per device{beyond}{replicas}", count)
 
 
 def _whole(field: str, value: object, low: int, high: int) -> int:
@@ -360,8 +371,10 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: Placement, t
     if not spec.tp_components:
         raise UnsupportedCombination("placement", f"{spec.title} has no tensor-parallel plan; use device or offload")
     size = _whole("tp_size", tp_size, 2, 64)
-    if spec.attention_heads % size:
-        raise InvalidRequest("tp_size", size, f"a divisor of the {spec.attention_heads} attention heads")
+    undivided = [f"the {count} {what}" for what, count in spec.shard_divisors() if count % size]
+    if undivided:
+        raise InvalidRequest("tp_size", size, f"a divisor of {' and '.join(undivided)} (each rank holds a whole "
+                                              "share of every sharded component's heads)")
     if size % nodes:
         raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
                                               "(ACCELDEMO_POOL_NNODES)")

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UnknownName
 from ..records import Shape
+from . import real_configs
 from .caches import (FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer)
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
 from .shapes import SIZES as SHAPES_SIZES
@@ -56,8 +57,8 @@ class ModelSpec:
     activation_bytes: int = 0
     # Components that have a tensor-parallel plan (diffusers `_tp_plan`, transformers `tp_plan="auto"`).
     tp_components: tuple[str, ...] = ()
-    # Attention heads of the sharded transformer: a TP degree must divide them.
-    attention_heads: int = 0
+    # (query heads, key/value heads) of each component a tensor-parallel degree shards: it must divide them all.
+    shard_heads: dict[str, tuple[int, int]] = field(default_factory=dict)
     description: str = ""
     # Prompts that show what the model can do, offered beside the prompt box.
     example_prompts: tuple[str, ...] = ()
@@ -85,6 +86,21 @@ class ModelSpec:
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r})"
+
+    @property
+    def attention_heads(self) -> int:
+        """The transformer's attention heads (0: none known)."""
+        return self.shard_heads.get("transformer", (0, 0))[0]
+
+    def shard_divisors(self) -> list[tuple[str, int]]:
+        """Every head count a tensor-parallel degree must divide, named: ("transformer attention heads", 24), ..."""
+        named = []
+        for component in self.tp_components:
+            heads, kv_heads = self.shard_heads.get(component, (0, 0))
+            words = component.replace("_", " ")
+            named += [(f"{words} attention heads", heads)] if heads else []
+            named += [(f"{words} key/value heads", kv_heads)] if kv_heads and kv_heads != heads else []
+        return named
 
     @property
     def weight_bytes(self) -> int:
@@ -140,6 +156,18 @@ _ADVICE_TINY = CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on
 _FLUX1_CACHES = {preset.cache: preset for preset in (_TAYLORSEER_TINY, FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX)}
 _FLUX2_CACHES = {preset.cache: preset for preset in (_TAYLORSEER_TINY, PAB_FLUX)}
 
+# The embedded models' transformers and LLM text encoders: 4 heads, 4 key/value heads (acceldemo.models.tiny).
+_TINY_HEADS = {"transformer": (4, 4), "text_encoder": (4, 4)}
+
+
+def _real(name: str, dtype: str = "bfloat16") -> dict:
+    """A real model's figures derived from its configs in the repository (models/configs/<name>/): weight bytes per
+    component (stored values × the dtype's size) and the heads of every component, never typed twice."""
+    return {"component_bytes": real_configs.component_bytes(name, dtype),
+            "shard_heads": {component: real_configs.attention_heads(name, component)
+                            for component in real_configs.components(name) if component != "vae"}}
+
+
 _TINY = dict(cache_advice=_ADVICE_TINY, dtype="float32", min_side=64, max_side=512, default_shape=Shape(64, 64),
              activation_bytes=200_000_000,
              presets=(Shape(64, 64), Shape(128, 128), Shape(128, 64), Shape(256, 256)),
@@ -150,7 +178,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
         pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
         step_caches=_FLUX2_CACHES,
-        max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), attention_heads=4,
+        max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
         description="A FLUX.2-klein-family model trained here to draw one coloured shape on a background at "
                     f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from captions such as "
                     "'a red circle on a blue background, top left', 'green disc, upper right' or 'a square'. "
@@ -164,13 +192,13 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
         step_caches=_FLUX2_CACHES,
         edits="reference", max_references=4, inpaints=True,
-        max_sequence_length=64, tp_components=("transformer", "text_encoder"), attention_heads=4,
+        max_sequence_length=64, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
         name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
         repo=None, tiny_family="flux1", inpaints=True, steps=4, guidance=0.0, max_sequence_length=64,
         step_caches=_FLUX1_CACHES,
-        tp_components=("transformer",), attention_heads=4, **_TINY),
+        tp_components=("transformer",), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
         name="tiny-sd3", title="Tiny SD3 (embedded, random weights)", pipeline_class="StableDiffusion3Pipeline",
         repo=None, tiny_family="sd3", steps=4, guidance=4.5, cfg_above=1.0, packed_latents=False,
@@ -181,7 +209,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256, step_caches=_FLUX2_CACHES,
         edits="reference", max_references=4,
-        tp_components=("transformer", "text_encoder"), attention_heads=4, **_TINY),
+        tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
         name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
         repo="black-forest-labs/FLUX.2-klein-4B", inpaints=True, steps=4, guidance=1.0, step_caches=_FLUX2_CACHES,
@@ -189,8 +217,8 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
                                                           f"{_FEW_STEPS}"),
         edits="reference", max_references=4,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
-        component_bytes={"transformer": 8 * GB, "text_encoder": 8 * GB, "vae": GB // 5},
-        tp_components=("transformer", "text_encoder"), attention_heads=24, max_batch=4, activation_bytes=3 * GB,
+        **_real("flux2-klein-4b"), tp_components=("transformer", "text_encoder"), max_batch=4,
+        activation_bytes=3 * GB,
         description="Fits one NeuronCore: the whole pipeline on the device."),
     ModelSpec(
         name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
@@ -198,9 +226,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
-        component_bytes={"transformer": 24 * GB, "text_encoder_2": 9_500_000_000, "text_encoder": GB // 4,
-                         "vae": GB // 6},
-        tp_components=("transformer",), attention_heads=24, max_batch=2, activation_bytes=4 * GB,
+        **_real("flux1-schnell"), tp_components=("transformer",), max_batch=2, activation_bytes=4 * GB,
         description="Does not fit one v6e chip: model CPU offload."),
     ModelSpec(
         name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
@@ -211,9 +237,8 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         packed_latents=False, max_side=1440, repeated_blocks=False, max_batch=2, activation_bytes=4 * GB,
         quality_steps={"low": 20, "medium": 28, "high": 40},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
-        component_bytes={"transformer": 5 * GB, "text_encoder_3": 9_500_000_000, "text_encoder": GB // 4,
-                         "text_encoder_2": 1_400_000_000, "vae": GB // 6},
-        description="About 15 GB in bf16: fits one v6e chip; compile the full transformer."),
+        **_real("sd3.5-medium"),
+        description="About 16 GB in bf16: fits one v6e chip; compile the full transformer."),
     ModelSpec(
         name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
         repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
@@ -223,9 +248,8 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         edits="reference", max_references=4,
         quality_steps={"low": 16, "medium": 28, "high": 50},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
-        component_bytes={"transformer": 64 * GB, "text_encoder": 48 * GB, "vae": GB // 5},
-        tp_components=("transformer", "text_encoder"), attention_heads=48, max_batch=1, activation_bytes=8 * GB,
-        description="Text encoder (~48 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
+        **_real("flux2-dev"), tp_components=("transformer", "text_encoder"), max_batch=1, activation_bytes=8 * GB,
+        description="Text encoder (~47 GB) and transformer (~64 GB) each exceed one chip: tensor parallel."),
 )}
 
 def get_model(name: object) -> ModelSpec:
