@@ -139,6 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
                                   "mode=compiled,step_cache=taylorseer); unset keys take the defaults")
     compare.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the two PNGs (default outputs/)")
     compare.add_argument("--json", action="store_true", help="the figures as one JSON object on stdout")
+    for command in (generate, warmup, compare):
+        command.add_argument("--download", action="store_true",
+                             help="fetch a real model missing here from the Hugging Face Hub (env ACCELDEMO_DOWNLOAD; "
+                                  "HF_TOKEN for gated repositories)")
+
+    plan = commands.add_parser("plan", help="what a model would get on a host you may not have: placement, degrees, "
+                                            "memory per device, modes, batch cap")
+    plan.add_argument("--model", action="append", dest="models", metavar="NAME",
+                      help="catalog model; repeat for several (default: every real model)")
+    plan.add_argument("--host", help="a host kind (trn2.48xlarge, v6e-4, h100x8, ...; `--host list` names them all)")
+    plan.add_argument("--hardware", choices=hardware_names(), help="or describe the host: its hardware ...")
+    plan.add_argument("--devices", type=int, help="... its devices (NeuronCores, chips, GPUs) ...")
+    plan.add_argument("--device-memory", dest="device_memory", metavar="SIZE", help="... memory per device (24GB)")
+    plan.add_argument("--generation", default="", help="... and, for TPU, the chip generation (TPU v6e)")
+    plan.add_argument("--quantization", choices=[str(q) for q in Quantization], default="none")
+    plan.add_argument("--json", action="store_true", help="one JSON object per model")
 
     bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
     add_bench_arguments(bench)
@@ -323,6 +339,33 @@ def cmd_compare(args, engine) -> int:
     return 0
 
 
+def cmd_plan(args, settings: Settings) -> int:
+    from .engine.planning import described_host, named_host, plan
+    from .hardware import host_kinds
+    from .models.catalog import CATALOG, get_model
+
+    if args.host == "list":
+        for kind in host_kinds().values():
+            print(f"{kind.name:<15} {kind.hardware:<7} {kind.devices:>3} x {kind.memory_bytes / 1e9:6.1f} GB  "
+                  f"{kind.detail}")
+        return 0
+    if args.host and args.hardware:
+        raise InvalidRequest("host", args.host, "either --host NAME or --hardware/--devices/--device-memory, not both")
+    if args.host:
+        host = named_host(args.host)
+    elif args.hardware and args.devices and args.device_memory:
+        host = described_host(args.hardware, args.devices, args.device_memory, args.generation)
+    else:
+        raise InvalidRequest("host", None, "--host NAME (`--host list`) or --hardware HW --devices N "
+                                           "--device-memory SIZE")
+    specs = [get_model(name) for name in args.models] if args.models else \
+        [spec for spec in CATALOG.values() if spec.repo]
+    for spec in specs:
+        planned = plan(spec, host, settings, Quantization(args.quantization))
+        print(json.dumps(planned.facts()) if args.json else "\n".join(planned.lines()))
+    return 0
+
+
 def cmd_cache(args, settings: Settings) -> int:
     from .executors.artifacts import ArtifactStore
     from .hardware import HardwareRegistry
@@ -413,11 +456,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env()
         if getattr(args, "artifacts", None):
             settings = dataclasses.replace(settings, artifacts=store_url(args.artifacts, "--artifacts"))
+        if getattr(args, "download", False):
+            settings = dataclasses.replace(settings, download=True)
         prepare_process(settings)
         if args.command == "bench":
             return cmd_bench(args, settings)
         if args.command == "cache":
             return cmd_cache(args, settings)
+        if args.command == "plan":
+            return cmd_plan(args, settings)
         from .builder import build_engine
 
         engine = build_engine(settings)

@@ -209,3 +209,16 @@ def test_compare_shows_both_pictures_their_times_and_how_far_apart_they_are(page
     for side in ("a", "b"):
         page.wait_for_function(script, arg=f"compare-{side}-image", timeout=15_000)
     page.locator("#compare-section").screenshot(path=str(ARTIFACTS / "compare.png"))
+
+
+def test_the_placement_panel_says_what_a_model_would_get_on_another_host(page):
+    page.get_by_text("Placement (advanced)").click()
+    choose(page, "model", "FLUX.2 [dev]")
+    choose(page, "other-host", "trn2.48xlarge")
+    plan = page.locator("#other-host-plan")
+    plan.get_by_text("flux2-dev on trn2.48xlarge (64 x 25.8 GB neuron)").wait_for(timeout=15_000)
+    assert "tensor parallel over 8 holds 14.1 GB per device" in plan.inner_text()
+    choose(page, "other-host", "v6e-1")
+    page.wait_for_function("() => document.querySelector('#other-host-plan').innerText.includes('v6e-1')")
+    assert "a pool across hosts" in plan.inner_text()
+    choose(page, "model", "Tiny shapes")

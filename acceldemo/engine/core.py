@@ -23,6 +23,7 @@ from ..executors.base import Executor
 from ..hardware import HardwareRegistry
 from ..models.caches import component_bytes_at, step_cache_views
 from ..models.catalog import CATALOG, get_model
+from ..models.download import Downloads
 from ..models.loading import model_availability
 from ..models.loras import model_loras
 from ..records import (Batch, DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
@@ -32,6 +33,8 @@ from .batching import BatchPolicy, Member, together
 from .compare import Comparison, check_pair, second_side
 from .compile_times import CompileClock, CompileTimes, compile_kind
 from .ledger import CompiledShape, ShapeLedger
+from .planning import HostPlan, named_host
+from .planning import plan as plan_host
 from .residency import Residency
 from .results import ResultCache
 from .stats import EngineStats, Kind, Outcome, outcome_of
@@ -109,6 +112,7 @@ class Engine:
         self.compile_times = CompileTimes(settings.cache_dir)
         self.batching = BatchPolicy(settings, hardware, self.ledger)
         self.results = ResultCache(settings.result_cache)
+        self.downloads = Downloads(settings)
         self._calls = itertools.count(1)
         self.residency = Residency(executor, settings.max_resident_pipelines, self.stats)
         self.supervisor = Supervisor(self.line, self.residency, self.stats)
@@ -517,6 +521,9 @@ class Engine:
         progress(Progress(Phase.QUEUE, f"running on {devices}" + (f", {shared}" if shared else ""), 0))
         served = None
         try:
+            if not self.residency.is_resident(key):  # a real model not on this host, fetched when allowed
+                self.downloads.ensure(batch.first.spec, lambda fetch: progress(
+                    Progress(Phase.LOAD, fetch.describe(), fetch.done, fetch.total, time.perf_counter() - began)))
             resident, load_seconds = self.residency.acquire(key, batch.first.spec, progress)
             try:
                 results = self._call(resident.loaded, key, batch, live, progress, warm_up, load_seconds, began)
@@ -602,6 +609,11 @@ class Engine:
                      tuple(mode_options(spec, adapter, placement)),
                      tuple(tensor_parallel_options(spec, adapter, self.settings.pool_nnodes)), quantizations)
 
+    def plan(self, model: object, host: object, quantization: object = None) -> HostPlan:
+        """What a model would get on a host kind (`trn2.48xlarge`, `v6e-4`, ...), present here or not."""
+        weights = Quantization.NONE if quantization in (None, "") else Quantization(quantization)
+        return plan_host(get_model(model), named_host(host), self.settings, weights)
+
     def describe(self) -> Description:
         """What this host offers: every hardware (absent ones with why), every model with what it can do here."""
         found = self.hardware.detect_all()
@@ -656,7 +668,7 @@ class Engine:
         depth = self.queue_depth() if self.fleet is not None else len(waiting)
         return Snapshot(self.startup, depth, self.settings.queue_size, self.stats.snapshot(), tuple(devices),
                         tuple(replicas), pipelines, self.artifacts.report(self.settings.precompile),
-                        self.artifacts.store_report())
+                        self.artifacts.store_report(), tuple(self.downloads.active()))
 
 
 def _of_image(image: int, on_progress: ProgressCallback) -> ProgressCallback:

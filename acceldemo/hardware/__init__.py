@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..config import Settings
 from ..errors import HardwareUnavailable, UnknownName
 from ..records import COMPILED_MODES, Mode
-from .base import Availability, Device, Hardware
+from .base import Availability, Device, Hardware, HostKind
 
 log = logging.getLogger("acceldemo.hardware")
 PLUGIN_GROUP = "acceldemo.hardware"
@@ -65,6 +65,11 @@ def _discover() -> None:
 
 def hardware_names() -> tuple[str, ...]:
     return tuple(ADAPTERS)
+
+
+def host_kinds() -> dict[str, HostKind]:
+    """Every host kind an adapter knows, by name (`python -m acceldemo plan --host NAME`)."""
+    return {kind.name: kind for adapter in ADAPTERS.values() for kind in adapter.host_kinds}
 
 
 def all_modes() -> tuple[Mode, ...]:
@@ -162,5 +167,5 @@ def prepare_process(settings: Settings) -> None:
 
 _discover()
 
-__all__ = ["ADAPTERS", "Availability", "Device", "Hardware", "HardwareRegistry", "all_modes", "hardware_names",
-           "mode_note", "offered_by", "prepare_process", "register", "unregister"]
+__all__ = ["ADAPTERS", "Availability", "Device", "Hardware", "HardwareRegistry", "HostKind", "all_modes",
+           "hardware_names", "host_kinds", "mode_note", "offered_by", "prepare_process", "register", "unregister"]

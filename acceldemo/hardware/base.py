@@ -49,6 +49,24 @@ class Device:
         return f"{self.hardware}:{self.index}"
 
 
+@dataclass(frozen=True)
+class HostKind:
+    """A kind of host an operator may rent: its accelerator devices as this hardware counts them (NeuronCores,
+    chips, GPUs), the memory of each, and where the figures come from."""
+
+    name: str
+    hardware: str
+    devices: int
+    memory_bytes: int
+    generation: str = ""
+    detail: str = ""
+    source: str = ""
+
+    def availability(self) -> Availability:
+        """What the hardware's adapter would find on such a host."""
+        return Availability(True, f"{self.name}: {self.detail}", self.devices, self.memory_bytes, self.generation)
+
+
 # What each mode means, for the notes beside the mode selector; an adapter with a mode of its own adds its note.
 MODE_NOTES = {
     Mode.EAGER: "each op runs as it is issued",
@@ -92,6 +110,8 @@ class Hardware:
     # in step across hosts (TPU's tier-3 cache); None where the store holds AOTInductor packages (CPU, CUDA) or the
     # compiler reaches the store itself (Neuron, `store_env`).
     synced_cache_env: ClassVar[str | None] = None
+    # Host kinds of this hardware that `python -m acceldemo plan --host NAME` knows (hardware/hosts are data).
+    host_kinds: ClassVar[tuple[HostKind, ...]] = ()
 
     def __init__(self, settings: Settings, found: Availability | None = None) -> None:
         self.settings = settings

@@ -2,7 +2,19 @@
 from __future__ import annotations
 
 from ..records import DeviceSet, Quantization
-from .base import Hardware, probe_script
+from .base import Hardware, HostKind, probe_script
+
+_NVIDIA = "NVIDIA's data sheets (memory per GPU as sold: H100 SXM 80 GB, H200 141 GB, A100 80 GB, L4 24 GB, A10G 24 GB)"
+GB = 1000**3
+HOST_KINDS = (
+    HostKind("h100", "cuda", 1, 80 * GB, "sm_90", "1 x H100 SXM 80 GB", _NVIDIA),
+    HostKind("h100x8", "cuda", 8, 80 * GB, "sm_90", "8 x H100 SXM 80 GB (p5.48xlarge, a3-highgpu-8g)", _NVIDIA),
+    HostKind("h200", "cuda", 1, 141 * GB, "sm_90", "1 x H200 141 GB", _NVIDIA),
+    HostKind("h200x8", "cuda", 8, 141 * GB, "sm_90", "8 x H200 141 GB (p5e.48xlarge)", _NVIDIA),
+    HostKind("a100x8", "cuda", 8, 80 * GB, "sm_80", "8 x A100 80 GB (p4de.24xlarge)", _NVIDIA),
+    HostKind("l4", "cuda", 1, 24 * GB, "sm_89", "1 x L4 24 GB (g6.xlarge)", _NVIDIA),
+    HostKind("a10g", "cuda", 1, 24 * GB, "sm_86", "1 x A10G 24 GB (g5.xlarge)", _NVIDIA),
+)
 
 
 class CudaHardware(Hardware):
@@ -16,6 +28,7 @@ class CudaHardware(Hardware):
     mesh_device_type = "cuda"
     cache_env = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    host_kinds = HOST_KINDS
     probe_code = probe_script("""
 import torch
 if torch.version.cuda is None:

@@ -5,7 +5,24 @@ import glob
 import os
 
 from ..records import DeviceSet
-from .base import Availability, GiB, Hardware, package_versions, probe_script
+from .base import Availability, GiB, Hardware, HostKind, package_versions, probe_script
+
+_AWS = "AWS EC2 accelerated-computing instance specifications (and FACTS.md, checked against the Neuron docs)"
+# A device here is a logical NeuronCore, what NEURON_RT_VISIBLE_CORES and torchrun's ranks count.
+HOST_KINDS = (
+    HostKind("trn2.48xlarge", "neuron", 64, 24 * GiB, "Trainium2",
+             "16 Trainium2 chips x 96 GiB HBM, 64 logical NeuronCores at LNC=2 (24 GiB each)", _AWS),
+    HostKind("trn2.3xlarge", "neuron", 4, 24 * GiB, "Trainium2",
+             "1 Trainium2 chip x 96 GiB HBM, 4 logical NeuronCores at LNC=2 (24 GiB each)", _AWS),
+    HostKind("trn1.32xlarge", "neuron", 32, 16 * GiB, "Trainium",
+             "16 Trainium chips x 32 GiB HBM, 2 NeuronCore-v2 each (16 GiB per core; 512 GiB in all)", _AWS),
+    HostKind("trn1.2xlarge", "neuron", 2, 16 * GiB, "Trainium",
+             "1 Trainium chip x 32 GiB HBM, 2 NeuronCore-v2 (16 GiB each)", _AWS),
+    HostKind("inf2.48xlarge", "neuron", 24, 16 * GiB, "Inferentia2",
+             "12 Inferentia2 chips x 32 GiB HBM, 2 NeuronCore-v2 each (16 GiB per core; 384 GiB in all)", _AWS),
+    HostKind("inf2.xlarge", "neuron", 2, 16 * GiB, "Inferentia2",
+             "1 Inferentia2 chip x 32 GiB HBM, 2 NeuronCore-v2 (16 GiB each)", _AWS),
+)
 
 
 class NeuronHardware(Hardware):
@@ -23,6 +40,7 @@ class NeuronHardware(Hardware):
     package = "torch_neuronx"
     # A trn2 logical NeuronCore at LNC=2 has about 24 GiB of HBM.
     default_memory_bytes = 24 * GiB
+    host_kinds = HOST_KINDS
     probe_code = probe_script("""
 import os, importlib
 import torch

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import HardwareUnavailable, UnsupportedCombination
 from ..records import DeviceSet, Mode
-from .base import MODE_NOTES, Availability, Hardware, package_versions, probe_script
+from .base import MODE_NOTES, Availability, GiB, Hardware, HostKind, package_versions, probe_script
 
 EAGER_MODE_NAMES = {Mode.EAGER: "DEFER_NEVER", Mode.EAGER_FUSED: "DEFER_AND_FUSE"}
 # Processes per host that torch-tpu's launcher accepts, by the generation torch.tpu names: set_tpu_launch_env looks
@@ -24,6 +24,16 @@ TENSOR_PARALLEL_SIZES = {
     "TPU v6e": (1, 4, 8),
     "TPU v7": (2, 4, 8),
 }
+_GOOGLE = "Google Cloud TPU system architecture pages (HBM per chip: v5e 16 GiB, v6e 32 GiB, v5p 95 GiB)"
+# A device here is a chip, what torch-tpu's launcher counts; a slice named vX-N has N chips (v5p: N TensorCores,
+# two per chip).
+HOST_KINDS = (
+    *(HostKind(f"v6e-{n}", "tpu", n, 32 * GiB, "TPU v6e", f"{n} TPU v6e (Trillium) chip(s) x 32 GiB HBM", _GOOGLE)
+      for n in (1, 4, 8)),
+    *(HostKind(f"v5e-{n}", "tpu", n, 16 * GiB, "TPU v5e", f"{n} TPU v5e chip(s) x 16 GiB HBM", _GOOGLE)
+      for n in (1, 4, 8)),
+    HostKind("v5p-8", "tpu", 4, 95 * GiB, "TPU v5p", "4 TPU v5p chips (8 TensorCores) x 95 GiB HBM", _GOOGLE),
+)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _LAUNCH_ENV_MARK = "ACCELDEMO-TPU-LAUNCH-ENV "
 
@@ -47,6 +57,7 @@ class TpuHardware(Hardware):
     # torch-tpu 0.2.0 reads this one (it overwrites TPU_VISIBLE_CHIPS from it).
     visible_devices_env = "TPU_VISIBLE_DEVICES"
     package = "torch_tpu"
+    host_kinds = HOST_KINDS
     # torch.tpu.is_available() raises without the legacy flag; torch.accelerator is the supported query. The chip
     # count and torch.tpu.get_device_properties() come from torch_tpu's PCI scan and tables: no chip is claimed.
     probe_code = probe_script(f"""

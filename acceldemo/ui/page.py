@@ -16,7 +16,7 @@ import pandas as pd
 from ..engine import Description, Engine, ModelView, Offer, Snapshot, as_json, together
 from ..engine.pictures import DEFAULT_STRENGTH
 from ..errors import AcceldemoError
-from ..hardware import all_modes
+from ..hardware import all_modes, host_kinds
 from ..engine.compare import Comparison
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
@@ -298,6 +298,18 @@ def describe_comparison(comparison: Comparison) -> str:
             f"B's speed ÷ A's: {speed} · {apart}")
 
 
+def describe_plan(engine: Engine, model, host) -> str:
+    """The model on another host, as the planner answers (`python -m acceldemo plan`)."""
+    if not host:
+        return ""
+    try:
+        planned = engine.plan(model, host)
+    except (AcceldemoError, ValueError) as error:
+        return str(error)
+    head, *rest = planned.lines()
+    return f"**{head}**  \n" + "  \n".join(line.strip() for line in rest) + f"  \n_{planned.source}_"
+
+
 def strength_use(model: ModelView) -> dict:
     """The edit strength slider as it applies to a model: image-to-image uses it, reference images do not."""
     if model.edits == "strength":
@@ -471,6 +483,11 @@ def build_page(engine: Engine) -> gr.Blocks:
                         tp_size = gr.Dropdown(label="TP world size", allow_custom_value=True, elem_id="tp-size",
                                               **(tp_size_choices(first_offer) if isinstance(first_offer, Offer)
                                                  else {"choices": []}))
+                    with gr.Row():
+                        other_host = gr.Dropdown(["", *host_kinds()], value="", label="On another host",
+                                                 info="what this model would get there (python -m acceldemo plan)",
+                                                 elem_id="other-host")
+                    other_plan = gr.Markdown(elem_id="other-host-plan")
                 notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
                                     elem_id="mode-notes")
                 with gr.Row():
@@ -569,4 +586,7 @@ def build_page(engine: Engine) -> gr.Blocks:
         hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
                         api_visibility="private")
         placement.change(on_placement, [model, hardware, placement], notes, queue=False, api_visibility="private")
+        for changed in (other_host, model):
+            changed.change(lambda model, host: describe_plan(engine, model, host), [model, other_host], other_plan,
+                           queue=False, api_visibility="private")
     return page
