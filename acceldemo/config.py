@@ -95,6 +95,10 @@ class Settings:
     # the images an earlier one drew; 0 turns it off. Default 0, or 32 in a Hugging Face Space (SPACE_ID set), where
     # most visitors click the same example prompts at the same seed.
     result_cache: int = 0
+    # Whether a real model missing here is fetched from the Hugging Face Hub (HF_TOKEN for gated repositories,
+    # HF_ENDPOINT for another hub: huggingface_hub reads both). Default off, or on in a Space (SPACE_ID set) unless
+    # HF_HUB_OFFLINE is set.
+    download: bool = False
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> "Settings":
@@ -135,6 +139,14 @@ class Settings:
                                  + JSON_EXAMPLES.get(name, "{}"))
             return parsed
 
+        def switch(name: str, default: bool) -> bool:
+            value = (env.get(name) or "").strip().lower()
+            if not value:
+                return default
+            if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(f"{name}={env.get(name)!r} is not accepted: 1 or 0 (true or false)")
+            return value in ("1", "true", "yes", "on")
+
         def choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
             value = env.get(name) or default
             if value not in accepted:
@@ -158,7 +170,8 @@ class Settings:
             probe_timeout_s=number("ACCELDEMO_PROBE_TIMEOUT_S", 60.0),
             device_memory_gb={name: gb for name, gb in memory.items() if gb > 0},
             cpu_compile_backend=text("ACCELDEMO_CPU_COMPILE_BACKEND", "inductor"),
-            default_model=text("ACCELDEMO_DEFAULT_MODEL", "tiny-shapes"),
+            # ACCELDEMO_MODEL: the shorter name a Space's variables may use.
+            default_model=text("ACCELDEMO_DEFAULT_MODEL") or text("ACCELDEMO_MODEL", "tiny-shapes"),
             replicas=per_hardware("ACCELDEMO_REPLICAS", env.get("ACCELDEMO_REPLICAS")),
             cpu_devices=number("ACCELDEMO_CPU_DEVICES", None, int),
             pool_nnodes=max(number("ACCELDEMO_POOL_NNODES", 1, int), 1),
@@ -174,6 +187,7 @@ class Settings:
             artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),
             lora_dir=Path(text("ACCELDEMO_LORA_DIR")) if text("ACCELDEMO_LORA_DIR") else None,
             result_cache=bounded("ACCELDEMO_RESULT_CACHE", 32 if text("SPACE_ID") else 0, 0, 10_000, int),
+            download=switch("ACCELDEMO_DOWNLOAD", bool(text("SPACE_ID")) and not text("HF_HUB_OFFLINE")),
         )
 
     def replicas_of(self, hardware: str) -> int | None:

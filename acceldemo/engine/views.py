@@ -104,6 +104,8 @@ class Snapshot:
     # The shared artifact store (ACCELDEMO_ARTIFACTS): url, reachable, error and since when, what was fetched,
     # published, rejected and failed; None without one.
     artifacts_store: dict | None = None
+    # Models being fetched from the Hub now (ACCELDEMO_DOWNLOAD): model, repo, done_bytes, total_bytes, files.
+    downloads: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,15 +35,25 @@ def _model_source(spec: ModelSpec, settings: Settings) -> str:
         from .tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(spec.tiny_family, settings.cache_dir / "models"))
-    folder = _model_dir_folder(spec, settings)
+    folder = model_dir_folder(spec, settings)
     return str(folder) if folder else spec.repo
 
 
-def _model_dir_folder(spec: ModelSpec, settings: Settings) -> Path | None:
+def model_dir_folder(spec: ModelSpec, settings: Settings) -> Path | None:
     """The model's folder under ACCELDEMO_MODEL_DIR, if it is there."""
     if spec.repo and settings.model_dir and (settings.model_dir / spec.repo).is_dir():
         return settings.model_dir / spec.repo
     return None
+
+
+def model_is_here(spec: ModelSpec, settings: Settings) -> bool:
+    """Whether the model's files are on this host (embedded, in ACCELDEMO_MODEL_DIR or in the Hugging Face cache)."""
+    if spec.bundled or spec.tiny_family or model_dir_folder(spec, settings):
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    # A diffusers model's folder always holds model_index.json.
+    return isinstance(try_to_load_from_cache(spec.repo, "model_index.json"), str)
 
 
 def model_availability(spec: ModelSpec, settings: Settings) -> tuple[bool, str]:
@@ -52,15 +62,15 @@ def model_availability(spec: ModelSpec, settings: Settings) -> tuple[bool, str]:
         return True, "embedded: its trained weights ship with the app"
     if spec.tiny_family:
         return True, "embedded: built offline on first use"
-    if _model_dir_folder(spec, settings):
+    if model_dir_folder(spec, settings):
         return True, f"in ACCELDEMO_MODEL_DIR ({settings.model_dir / spec.repo})"
-    from huggingface_hub import try_to_load_from_cache
-
-    # A diffusers model's folder always holds model_index.json; the cache is only read, never filled.
-    if isinstance(try_to_load_from_cache(spec.repo, "model_index.json"), str):
+    if model_is_here(spec, settings):
         return True, "in the Hugging Face cache"
+    if settings.download:
+        return True, f"fetched from the Hugging Face Hub ({spec.repo}) on first use (ACCELDEMO_DOWNLOAD)"
     return False, (f"not on this host: not under ACCELDEMO_MODEL_DIR ({settings.model_dir or 'unset'}) and not in "
-                   f"the Hugging Face cache; the app never downloads (`hf download {spec.repo}` on a connected host)")
+                   f"the Hugging Face cache; downloads are off (ACCELDEMO_DOWNLOAD=1 or --download fetches it, or "
+                   f"`hf download {spec.repo}` on a connected host)")
 
 
 def quantization_config(spec: ModelSpec, source: str, quantization: Quantization):
@@ -82,15 +92,17 @@ def quantization_config(spec: ModelSpec, source: str, quantization: Quantization
 
 
 def weight_bytes(pipe) -> int:
-    """Bytes the pipeline's weights take as held: quantized tensors by their int8/fp8 data and scales, a sharded
-    tensor by this rank's shard."""
+    """Bytes the pipeline's weights take as held (parameters and persistent buffers): quantized tensors by their
+    int8/fp8 data and scales, a sharded tensor by this rank's shard."""
     import torch
 
     total = 0
     for component in pipe.components.values():
         if not isinstance(component, torch.nn.Module):
             continue
-        for tensor in component.parameters():
+        saved = set(component.state_dict(keep_vars=True))
+        held = [*component.parameters(), *(b for name, b in component.named_buffers() if name in saved)]
+        for tensor in held:
             stack = [tensor]
             while stack:
                 part = stack.pop()
@@ -124,5 +136,6 @@ def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantizatio
         raise ModelUnavailable(
             f"model {spec.name!r} ({spec.repo}) is not on this host: not under ACCELDEMO_MODEL_DIR "
             f"({settings.model_dir or 'unset'}) and not in the Hugging Face cache ({hf_home}). "
-            f"The app never downloads; fetch it on a connected host with `hf download {spec.repo}` "
-            f"and copy it here. ({type(error).__name__}: {str(error)[:200]})") from None
+            f"Downloads are off here: ACCELDEMO_DOWNLOAD=1 (or --download) lets the app fetch it, or fetch it on a "
+            f"connected host with `hf download {spec.repo}` and copy it here. "
+            f"({type(error).__name__}: {str(error)[:200]})") from None

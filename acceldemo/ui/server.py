@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
                              "compiled too, compiled:64x64@1,2,4, or int8 weights, compiled:64x64:quantization=int8 "
                              "(env ACCELDEMO_WARMUP)")
     parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
+    parser.add_argument("--download", action="store_true", default=settings.download,
+                        help="fetch a real model missing here from the Hugging Face Hub (env ACCELDEMO_DOWNLOAD; on by "
+                             "default in a Space unless HF_HUB_OFFLINE is set; HF_TOKEN for gated repositories)")
     parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
     parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
                                            "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         auth = parse_auth(args.auth)
         if args.replicas:
             settings = dataclasses.replace(settings, replicas=config.per_hardware("--replicas", args.replicas))
-        settings = dataclasses.replace(settings, ray_address=args.ray or None,
+        settings = dataclasses.replace(settings, ray_address=args.ray or None, download=args.download,
                                        artifacts=config.store_url(args.artifacts, "--artifacts"))
     except (AcceldemoError, ValueError) as error:
         parser.error(str(error))
