@@ -54,7 +54,7 @@ class LocalExecutor:
         on_progress(Progress(Phase.LOAD, f"placing on {key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
         store = self.store if precompiles(self.settings, hardware, key.mode, key.placement, key.quantization) else None
-        apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec.name,
+        apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec,
                      hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
         return LocalPipeline(key, spec, pipe, hardware, recompile_limits(self.settings), self.settings.cache_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
-from ..models.catalog import get_model
+from ..models.catalog import ModelSpec
 from ..models.loading import weight_bytes
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
@@ -56,21 +56,22 @@ def compile_transformer(pipe, backend: str, mode: Mode) -> None:
 
 
 def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, settings: Settings,
-                 precompiled: ArtifactStore | None = None, model: str = "", device: str | None = None) -> None:
+                 precompiled: ArtifactStore | None = None, spec: ModelSpec | None = None,
+                 device: str | None = None) -> None:
     """Place the pipeline on `device` (the hardware's own device string by default) or offload it, and compile its
     transformer as the model recipes do.
 
     With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
     of time, one package per shape (see `artifacts`).
     """
-    if placement is not Placement.TP and model:  # LoRA layers before the first compile (see `styles`)
-        prepare_styles(pipe, get_model(model), settings)
+    if placement is not Placement.TP and spec is not None:  # LoRA layers before the first compile (see `styles`)
+        prepare_styles(pipe, spec, settings)
     if placement is Placement.OFFLOAD:
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
         pipe.to(device or hardware.device)
     if mode is Mode.COMPILED and precompiled is not None:
-        PrecompiledTransformer.install(pipe, precompiled, model, hardware, str(placement))
+        PrecompiledTransformer.install(pipe, precompiled, spec.name if spec else "", hardware, str(placement))
     else:
         compile_transformer(pipe, hardware.compile_backend, mode)
     install_seam(pipe)  # after the compile: the step caches' seam wraps the compiled call

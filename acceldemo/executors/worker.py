@@ -328,7 +328,7 @@ class Rank:
         store = ArtifactStore.of(self.settings) if self.world_size == 1 and precompiles(
             self.settings, self.hardware, key.mode, key.placement, key.quantization) else None
         # The rank sees only its own devices: the first visible one is its device.
-        apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec.name,
+        apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec,
                      self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))
         self.pipelines[command.pipeline] = pipe
         self.sharded[command.pipeline] = sharded
