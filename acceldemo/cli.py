@@ -63,6 +63,8 @@ def _request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placement", choices=[str(p) for p in Placement],
                         help="default: proposed from the model size and device memory")
     parser.add_argument("--tp", type=int, dest="tp_size", help="tensor-parallel world size with --placement tp")
+    parser.add_argument("--cp", type=int, dest="cp_size",
+                        help="context-parallel degree with --placement cp (ranks the image tokens are spread over)")
     parser.add_argument("--size", type=_shape, action="append", dest="sizes", metavar="WxH",
                         help="image size; repeat for several (default: the model's)")
     parser.add_argument("--quantization", choices=[str(q) for q in Quantization],
@@ -154,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--device-memory", dest="device_memory", metavar="SIZE", help="... memory per device (24GB)")
     plan.add_argument("--generation", default="", help="... and, for TPU, the chip generation (TPU v6e)")
     plan.add_argument("--quantization", choices=[str(q) for q in Quantization], default="none")
+    plan.add_argument("--size", type=_shape, metavar="WxH", help="the image size to plan for (default: the model's)")
     plan.add_argument("--json", action="store_true", help="one JSON object per model")
 
     bench = commands.add_parser("bench", help="measure manager, pool, restart, compile and serving costs as ratios")
@@ -203,7 +206,8 @@ def cmd_info(args, engine) -> int:
 def _params(args, prompt: str = "warm-up", **extra) -> list[GenerateParams]:
     """One raw request per --size (the model's default size without one)."""
     return [GenerateParams(prompt=prompt, model=args.model, hardware=args.hardware, mode=args.mode,
-                           placement=args.placement, tp_size=args.tp_size, device=args.device, resolution=size,
+                           placement=args.placement, tp_size=args.tp_size, cp_size=args.cp_size, device=args.device,
+                           resolution=size,
                            quantization=args.quantization, step_cache=args.step_cache, **extra)
             for size in args.sizes or [None]]
 
@@ -280,8 +284,8 @@ def cmd_generate(args, engine) -> int:
     return 0
 
 
-# A comparison side's keys, as the CLI takes them (`tp` is tp_size, `step-cache` step_cache).
-COMPARE_KEYS = ("hardware", "mode", "placement", "tp", "step_cache", "quantization", "steps")
+# A comparison side's keys, as the CLI takes them (`tp` is tp_size, `cp` cp_size, `step-cache` step_cache).
+COMPARE_KEYS = ("hardware", "mode", "placement", "tp", "cp", "step_cache", "quantization", "steps")
 
 
 def side_params(text: str, field: str, **shared) -> GenerateParams:
@@ -294,7 +298,7 @@ def side_params(text: str, field: str, **shared) -> GenerateParams:
         key = key.strip().replace("-", "_")
         if not sep or key not in COMPARE_KEYS:
             raise InvalidRequest(field, part, f"KEY=VALUE with KEY one of {', '.join(COMPARE_KEYS)}")
-        values["tp_size" if key == "tp" else key] = value.strip()
+        values[{"tp": "tp_size", "cp": "cp_size"}.get(key, key)] = value.strip()
     return GenerateParams(**{**shared, **values})
 
 
@@ -361,7 +365,7 @@ def cmd_plan(args, settings: Settings) -> int:
     specs = [get_model(name) for name in args.models] if args.models else \
         [spec for spec in CATALOG.values() if spec.repo]
     for spec in specs:
-        planned = plan(spec, host, settings, Quantization(args.quantization))
+        planned = plan(spec, host, settings, Quantization(args.quantization), args.size)
         print(json.dumps(planned.facts()) if args.json else "\n".join(planned.lines()))
     return 0
 

@@ -33,11 +33,35 @@ COMPILED_MODES = (Mode.COMPILED, Mode.REGIONAL)
 
 
 class Placement(StrEnum):
-    """Where a pipeline goes: whole on one device, model CPU offload, or a tensor-parallel worker pool."""
+    """Where a pipeline goes: whole on one device, model CPU offload, or split over a torchrun worker pool — its
+    weights sharded (tensor parallel), its two guidance branches one per rank (CFG parallel), or its image tokens
+    spread over the ranks (context parallel, Ulysses attention)."""
 
     DEVICE = "device"
     OFFLOAD = "offload"
     TP = "tp"
+    CFG = "cfg"
+    CP = "cp"
+
+    @property
+    def pooled(self) -> bool:
+        """Whether it runs on a worker pool of several ranks."""
+        return self in POOL_PLACEMENTS
+
+
+POOL_PLACEMENTS = (Placement.TP, Placement.CFG, Placement.CP)
+# Ranks of a CFG-parallel pool: one per guidance branch (conditional, unconditional).
+CFG_RANKS = 2
+
+
+def world_size(placement: Placement, tp_size: int, cp_size: int) -> int:
+    """Ranks one pipeline of this placement spans (1 off a pool)."""
+    return {Placement.TP: tp_size, Placement.CFG: CFG_RANKS, Placement.CP: cp_size}.get(placement, 1)
+
+
+def placement_label(placement: Placement, tp_size: int, cp_size: int) -> str:
+    """The placement as a person reads it: device, offload, tp2, cfg2, cp4."""
+    return f"{placement}{world_size(placement, tp_size, cp_size)}" if placement.pooled else str(placement)
 
 
 class StepCache(StrEnum):
@@ -165,6 +189,8 @@ class GenerateParams:
     mode: object = None
     placement: object = None
     tp_size: object = None
+    # Context-parallel degree (ranks the image tokens are spread over) with placement cp.
+    cp_size: object = None
     # WIDTHxHEIGHT as typed, or a Shape.
     resolution: object = None
     steps: object = None
@@ -271,6 +297,12 @@ class Request:
     step_cache_why: str = ""
     # The weights' quantization (a pipeline of its own, like a mode).
     quantization: Quantization = Quantization.NONE
+    # The context-parallel degree (placement cp; 1 otherwise).
+    cp_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.placement, self.tp_size, self.cp_size)
 
     @property
     def model(self) -> str:
@@ -313,8 +345,8 @@ class Request:
     def batch_key(self) -> tuple:
         """What requests drawn in one pipeline call have in common: the pipeline and every call setting but the
         prompt and the seed (a call has one LoRA style at one strength, one step cache)."""
-        return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.quantization, self.shape,
-                self.steps, self.guidance, self.lora, self.lora_scale, self.step_cache)
+        return (self.model, self.hardware, self.mode, self.placement, self.tp_size, self.cp_size, self.quantization,
+                self.shape, self.steps, self.guidance, self.lora, self.lora_scale, self.step_cache)
 
     @property
     def image_key(self) -> tuple:
@@ -330,7 +362,7 @@ class Request:
     def key(self, devices: DeviceSet) -> "PipelineKey":
         """The pipeline that runs this request on `devices`."""
         return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices,
-                           self.quantization)
+                           self.quantization, self.cp_size)
 
     def members(self) -> list["Request"]:
         """One request per image, each with its own seed: how the engine runs the images of a request (each is the
@@ -419,9 +451,14 @@ class PipelineKey:
     tp_size: int = 1
     devices: DeviceSet | None = None
     quantization: Quantization = Quantization.NONE
+    cp_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.placement, self.tp_size, self.cp_size)
 
     def __str__(self) -> str:
-        where = f"tp{self.tp_size}" if self.placement is Placement.TP else str(self.placement)
+        where = placement_label(self.placement, self.tp_size, self.cp_size)
         weights = "" if self.quantization is Quantization.NONE else f" · {self.quantization}"
         return f"{self.model} · {self.devices or self.hardware} · {self.mode} · {where}{weights}"
 
@@ -516,6 +553,8 @@ class RunOutput:
     cache: CacheUse | None = None
     denoise_seconds: float | None = None
     weight_bytes: int = 0
+    # Seconds rank 0 spent in collectives (launching them and waiting for them), when the call was profiled.
+    collective_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -583,7 +622,7 @@ class GenerateResult:
         r = self.request
         return {
             "model": r.model, "hardware": r.hardware, "mode": str(r.mode), "placement": str(r.placement),
-            "tp_size": r.tp_size, "width": r.width, "height": r.height, "steps": r.steps,
+            "tp_size": r.tp_size, "cp_size": r.cp_size, "world_size": r.world_size, "width": r.width, "height": r.height, "steps": r.steps,
             "guidance": r.guidance, "seed": r.seed, "num_images": r.num_images, "quality": r.quality,
             "seconds": round(self.seconds, 4), "queue_wait": round(self.queue_wait, 4),
             "load_seconds": round(self.load_seconds, 4),

@@ -74,11 +74,11 @@ def test_fp8_needs_an_ada_or_hopper_gpu():
 
 
 def test_the_placement_proposal_weighs_the_quantized_bytes():
-    schnell = get_model("flux1-schnell")  # 34 GB in bf16; its transformer 24 GB
+    schnell = get_model("flux1-schnell")  # 33.7 GB in bf16; its transformer 23.8 GB
     one_gpu = Availability(True, "1 x V100", 1, 32 * GiB)
     assert propose_placement(schnell, one_gpu).placement is Placement.OFFLOAD
     int8 = propose_placement(schnell, one_gpu, quantization=Quantization.INT8)
-    assert int8.placement is Placement.DEVICE and int8.reason.startswith("int8 weights: 17.")
+    assert int8.placement is Placement.DEVICE and int8.reason.startswith("int8 weights: 16.9 GB of weights fit one")
 
 
 # --- the exact-result cache ----------------------------------------------------------------------------------------

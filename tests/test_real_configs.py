@@ -110,14 +110,15 @@ def test_the_seed_recipes_hold_against_the_planner():
     assert (sd3.proposal.placement, sd3.mode) == (Placement.DEVICE, Mode.COMPILED)  # compiled whole
     for host, degree in (("v6e-8", 4), ("trn2.48xlarge", 8), ("v5e-8", 8)):
         dev = plan(CATALOG["flux2-dev"], named_host(host), SETTINGS)
-        assert (dev.proposal.placement, dev.degrees) == (Placement.TP, {"tp": degree}), host
+        assert (dev.proposal.placement, dev.degrees) == (Placement.TP, {"tp": degree, "cfg": 1, "cp": 1}), host
     assert plan(CATALOG["flux1-schnell"], named_host("h100"), SETTINGS).proposal.placement is Placement.DEVICE
 
 
 def test_plan_on_the_command_line(capsys):
     assert cli_main(["plan", "--host", "trn2.48xlarge", "--model", "flux2-dev", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["placement"] == "tp" and facts["degrees"] == {"tp": 8} and facts["weights_gb_per_device"] == 14.06
+    assert facts["placement"] == "tp" and facts["degrees"] == {"tp": 8, "cfg": 1, "cp": 1}
+    assert facts["weights_gb_per_device"] == 14.06 and facts["cp_sizes"] == [2, 4, 8, 16] and not facts["cfg"]
     assert cli_main(["plan", "--hardware", "neuron", "--devices", "8", "--device-memory", "24GiB"]) == 0
     out = capsys.readouterr().out
     assert "flux2-dev on 8 x 26 GB neuron" in out and "tensor parallel over 8" in out

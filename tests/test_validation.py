@@ -56,7 +56,7 @@ BAD = [
     ({"num_images": 0}, InvalidRequest, "num_images=0"),
     ({"num_images": 5}, InvalidRequest, "num_images=5 is not accepted: a whole number from 1 to 4"),
     ({"seed": MAX_SEED, "num_images": 2}, InvalidRequest, f"a whole number from 0 to {MAX_SEED - 1}"),
-    ({"placement": Mode.EAGER}, UnknownName, "placement='eager' is not accepted: known values are device, offload, tp"),
+    ({"placement": Mode.EAGER}, UnknownName, "placement='eager' is not accepted: known values are cfg, cp, device, offload, tp"),
     ({"mode": ["eager"]}, UnknownName, "mode=['eager'] is not accepted"),
     ({"mode": "eager-fused"}, UnsupportedCombination, "cpu does not offer it; only tpu does"),
     ({"model": "tiny-sd3", "mode": "regional"}, UnsupportedCombination, "has no repeated blocks"),
@@ -106,7 +106,8 @@ def test_sd3_offers_no_regional_mode_and_says_why():
 @pytest.mark.parametrize("model,memory_gib,count,placement,tp", [
     ("flux2-klein-4b", 24, 64, "device", 1),   # fits one NeuronCore
     ("flux1-schnell", 32, 4, "offload", 1),    # does not fit one v6e chip, each component does
-    ("sd3.5-medium", 32, 4, "device", 1),      # ~15 GB fits one v6e chip
+    ("sd3.5-medium", 32, 1, "device", 1),      # ~16 GB fits one v6e chip
+    ("sd3.5-medium", 32, 4, "cfg", 1),         # and a second device takes the other guidance branch
     ("flux2-dev", 24, 64, "tp", 8),            # 64 + 47 GB sharded: 14 GB per 24 GiB core at 8, 28 GB at 4
     ("flux2-dev", 32, 8, "tp", 4),            # v6e chips
     ("flux2-dev", 96, 16, "offload", 1),      # a whole trn2 chip holds each component

@@ -18,7 +18,7 @@ from .report import BenchReport
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
 SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "batching",
-            "previews", "styles", "acceleration")
+            "previews", "styles", "acceleration", "parallel")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 
@@ -366,6 +366,12 @@ def styles(bench: InProcessBench) -> list[Figure]:
     return measure_styles(bench)
 
 
+def parallel(bench: InProcessBench) -> list[Figure]:
+    from .parallel import parallel as measure_parallel
+
+    return measure_parallel(bench)
+
+
 def acceleration(bench: InProcessBench) -> list[Figure]:
     from .acceleration import acceleration as measure_acceleration
 
@@ -396,7 +402,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits), ("previews", previews),
-    ("styles", styles), ("acceleration", acceleration),
+    ("styles", styles), ("acceleration", acceleration), ("parallel", parallel),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
     ("replicas", replicas), ("batching", batching), ("fleet", fleet), ("store", store))
 

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest
-from ..records import GenerateParams, GenerateResult, Request
+from ..records import GenerateParams, GenerateResult, Request, placement_label
 
 # The values a comparison may change between its two sides (the prompt, model, seed and size are shared).
-SIDE_FIELDS = ("hardware", "mode", "placement", "tp_size", "step_cache", "quantization", "steps")
+SIDE_FIELDS = ("hardware", "mode", "placement", "tp_size", "cp_size", "step_cache", "quantization", "steps")
 
 
 def second_side(first: Request, second: GenerateParams) -> GenerateParams:
@@ -31,7 +31,7 @@ def check_pair(first: Request, second: Request) -> None:
 
 def configuration(request: Request) -> str:
     """The side's configuration as a person reads it: `cpu · compiled · device · taylorseer · int8 · 28 steps`."""
-    where = f"tp{request.tp_size}" if request.tp_size > 1 else str(request.placement)
+    where = placement_label(request.placement, request.tp_size, request.cp_size)
     return " · ".join([request.hardware, str(request.mode), where, str(request.step_cache or "no step cache"),
                        f"{request.quantization} weights", f"{request.steps} steps"])
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..files import write_atomically
-from ..records import Phase, PipelineKey, Placement, Progress, ProgressCallback, Request
+from ..records import Phase, PipelineKey, Progress, ProgressCallback, Request, placement_label
 
 # Durations kept per kind; the estimate is the median of these.
 KEPT = 5
@@ -40,9 +40,9 @@ def _seconds(value: float) -> str:
 
 
 def compile_kind(key: PipelineKey, request: Request, generation: str) -> str:
-    """What makes two compiles alike: model, hardware and its generation, mode, placement (and TP size), and the
+    """What makes two compiles alike: model, hardware and its generation, mode, placement (and its degree), and the
     graph the shape needs (shapes sharing a graph, e.g. 64x128 and 128x64 on packed latents, are one kind)."""
-    where = f"tp{key.tp_size}" if key.placement is Placement.TP else str(key.placement)
+    where = placement_label(key.placement, key.tp_size, key.cp_size)
     graph = "x".join(str(part) for part in request.graph_key)
     return f"{key.model}|{key.hardware}:{generation or '-'}|{key.mode}|{where}|{graph}"
 

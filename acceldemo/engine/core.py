@@ -465,7 +465,7 @@ class Engine:
         if request.devices is not None:
             return [request.devices]
         hardware = self.hardware.get(request.hardware)
-        size = local_devices(request.placement, request.tp_size, self.settings.pool_nnodes)
+        size = local_devices(request.placement, request.world_size, self.settings.pool_nnodes)
         return hardware.device_sets(size)[:self.settings.replicas_of(hardware.name)]
 
     def _preference(self, request: Request) -> Callable[[DeviceSet], int]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Settings
-from ..errors import InvalidRequest, UnknownName
+from ..errors import AcceldemoError, InvalidRequest, UnknownName
 from ..hardware import ADAPTERS, Availability, Hardware, HostKind, host_kinds
 from ..models.caches import component_bytes_at
 from ..models.catalog import ModelSpec
-from ..records import Mode, Quantization
-from .validation import (Option, PlacementProposal, held_bytes, mode_options, propose_placement,
-                         tensor_parallel_options)
+from ..records import CFG_RANKS, Mode, Placement, Quantization, Shape, placement_label
+from .validation import (Option, PlacementProposal, check_cfg_parallel, context_parallel_degrees, held_bytes,
+                         mode_options, propose_placement, tensor_parallel_options)
 
 GiB = 1024**3
 # The mode a plan recommends: the first the placement allows.
@@ -35,11 +35,16 @@ class HostPlan:
     tp_sizes: tuple[int, ...]
     weights_per_device: int
     source: str = ""
+    # Context-parallel degrees that work at the planned shape, and why CFG parallel does not (None: it does).
+    cp_sizes: tuple[int, ...] = ()
+    cfg_refusal: str | None = None
+    shape: Shape | None = None
 
     @property
     def degrees(self) -> dict[str, int]:
-        """The ways one image is split over devices (tensor parallel only, for now)."""
-        return {"tp": self.proposal.tp_size}
+        """The ways one image is split over devices: tensor, CFG and context parallel degrees (1: not split)."""
+        return {"tp": self.proposal.tp_size, "cfg": CFG_RANKS if self.proposal.placement is Placement.CFG else 1,
+                "cp": self.proposal.cp_size}
 
     def facts(self) -> dict:
         return {"model": self.model, "host": self.host, "hardware": self.hardware, "devices": self.devices,
@@ -48,18 +53,21 @@ class HostPlan:
                 "weights_gb_per_device": round(self.weights_per_device / 1e9, 2), "replicas": self.proposal.replicas,
                 "batch": self.proposal.batch, "why": self.proposal.reason,
                 "modes": [{"name": str(o.name), "ok": o.ok, "reason": o.reason} for o in self.modes],
-                "tp_sizes": list(self.tp_sizes), "source": self.source}
+                "tp_sizes": list(self.tp_sizes), "cp_sizes": list(self.cp_sizes), "cfg": self.cfg_refusal is None,
+                "cfg_refusal": self.cfg_refusal, "size": str(self.shape), "source": self.source}
 
     def lines(self) -> list[str]:
         """The plan as a person reads it."""
-        placement = f"{self.proposal.placement}" + (f" x {self.proposal.tp_size}" if self.proposal.tp_size > 1 else "")
+        placement = placement_label(self.proposal.placement, self.proposal.tp_size, self.proposal.cp_size)
         refused = [f"{o.name} ({o.reason})" for o in self.modes if not o.ok]
         return [f"{self.model} on {self.host} ({self.devices} x {self.memory_bytes / 1e9:.1f} GB {self.hardware}"
                 + (f", {self.quantization} weights" if self.quantization is not Quantization.NONE else "") + ")",
                 f"  placement: {placement} — {self.proposal.reason}",
                 f"  mode: {self.mode}; weights per device: {self.weights_per_device / 1e9:.1f} GB; "
                 f"up to {self.proposal.batch} request(s) per call; {self.proposal.replicas} replica(s)",
-                f"  tensor-parallel sizes accepted: {', '.join(map(str, self.tp_sizes)) or 'none'}",
+                f"  tensor-parallel sizes accepted: {', '.join(map(str, self.tp_sizes)) or 'none'}; context-parallel "
+                f"degrees at {self.shape}: {', '.join(map(str, self.cp_sizes)) or 'none'}; CFG parallel: "
+                + ("yes" if self.cfg_refusal is None else "no"),
                 *([f"  not: {'; '.join(refused)}"] if refused else [])]
 
 
@@ -98,16 +106,25 @@ def named_host(name: object) -> HostKind:
     return known[name]  # type: ignore[index]
 
 
-def plan(spec: ModelSpec, host: HostKind, settings: Settings,
-         quantization: Quantization = Quantization.NONE) -> HostPlan:
-    """The model on that host, as the engine would propose it there."""
+def plan(spec: ModelSpec, host: HostKind, settings: Settings, quantization: Quantization = Quantization.NONE,
+         shape: Shape | None = None) -> HostPlan:
+    """The model on that host, as the engine would propose it there (at its default size, or `shape`)."""
     adapter: Hardware = ADAPTERS[host.hardware](settings, host.availability())
     found = adapter.detect()
-    proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes(), settings.max_batch, quantization)
+    proposal = propose_placement(spec, found, adapter.tensor_parallel_sizes(), settings.max_batch, quantization,
+                                 shape)
     modes = tuple(mode_options(spec, adapter, proposal.placement))
     usable = {o.name for o in modes if o.ok}
     mode = next(m for m in MODE_PREFERENCE if m in usable)
     held = int(held_bytes(spec, component_bytes_at(spec, quantization), proposal.placement, proposal.tp_size))
+    shape = shape or spec.default_shape
+    cp_sizes = tuple(context_parallel_degrees(spec, adapter, shape, 0, settings.pool_nnodes)) \
+        if spec.context_parallel else ()
+    try:
+        check_cfg_parallel(spec, adapter, spec.guidance, settings.pool_nnodes)
+        cfg_refusal = None
+    except AcceldemoError as error:
+        cfg_refusal = str(error)
     return HostPlan(spec.name, host.name, host.hardware, found.device_count, found.memory_bytes, quantization,
                     proposal, mode, modes, tuple(tensor_parallel_options(spec, adapter, settings.pool_nnodes)), held,
-                    host.source)
+                    host.source, cp_sizes, cfg_refusal, shape)

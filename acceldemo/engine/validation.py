@@ -14,7 +14,8 @@ from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode
 from ..models.caches import AUTO, NONE, STEP_CACHE_CHOICES, cache_refusal, component_bytes_at
 from ..models.catalog import QUALITIES, ModelSpec, get_model
 from ..models.loras import model_loras
-from ..records import DeviceSet, GenerateParams, Mode, Placement, Quantization, Request, Shape, StepCache
+from ..records import (CFG_RANKS, DeviceSet, GenerateParams, Mode, Placement, Quantization, Request, Shape,
+                       StepCache, world_size)
 from .pictures import check_edit
 
 MAX_PROMPT_CHARS = 2000
@@ -28,6 +29,9 @@ BACKGROUNDS = ("transparent", "opaque", "auto")
 DEFAULT_MODE = Mode.EAGER
 # Room left for activations beside the weights when deciding what fits a device.
 HEADROOM = 1.2
+# Image tokens from which the proposal spreads one image's attention over devices (context parallel): 2048x2048 on
+# the FLUX family. Below, devices serve more people as replicas than they save one person as a group.
+CP_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,11 @@ class PlacementProposal:
     replicas: int = 1
     # Requests one call may draw together at the model's default shape (`batch_fit`).
     batch: int = 1
+    cp_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.placement, self.tp_size, self.cp_size)
 
 
 def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | None) -> list[Option]:
@@ -91,24 +100,24 @@ def batch_fit(spec: ModelSpec, memory_bytes: int, placement: Placement, tp_size:
 
 
 def propose_placement(spec: ModelSpec, found: Availability, sizes: tuple[int, ...] | None = None,
-                      max_batch: int | None = None,
-                      quantization: Quantization = Quantization.NONE) -> PlacementProposal:
-    """Where the model should go on this hardware, from its weight sizes (at `quantization`) and the device memory,
-    and how many requests one call may draw together there at the model's default shape (`max_batch`: the
-    operator's, which wins).
+                      max_batch: int | None = None, quantization: Quantization = Quantization.NONE,
+                      shape: Shape | None = None) -> PlacementProposal:
+    """Where the model should go on this hardware, from its weight sizes (at `quantization`), the device memory and
+    count, and the image size (`shape`, the model's default by default); and how many requests one call may draw
+    together there (`max_batch`: the operator's, which wins).
 
-    sizes: the tensor-parallel sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
+    sizes: the pool sizes the hardware's launcher accepts (`Hardware.tensor_parallel_sizes()`), None: any.
     """
-    proposal = _placement(spec, component_bytes_at(spec, quantization), found, sizes)
+    shape = shape or spec.default_shape
+    proposal = _placement(spec, component_bytes_at(spec, quantization), found, sizes, shape)
     if quantization is not Quantization.NONE:
         proposal = dataclasses.replace(proposal, reason=f"{quantization} weights: {proposal.reason}")
     return dataclasses.replace(proposal, batch=max_batch or batch_fit(spec, found.memory_bytes, proposal.placement,
-                                                                      proposal.tp_size, spec.default_shape,
-                                                                      quantization))
+                                                                      proposal.tp_size, shape, quantization))
 
 
 def _placement(spec: ModelSpec, components: dict[str, int], found: Availability,
-               sizes: tuple[int, ...] | None) -> PlacementProposal:
+               sizes: tuple[int, ...] | None, shape: Shape) -> PlacementProposal:
     memory = found.memory_bytes
     weight_bytes, largest = sum(components.values()), max(components.values(), default=0)
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
@@ -118,7 +127,24 @@ def _placement(spec: ModelSpec, components: dict[str, int], found: Availability,
         per = "one per device" if size == 1 else f"{size} devices each"
         return count, f": {count} replicas, {per}" if count > 1 else ""
 
+    def launchable(size: int) -> bool:
+        return size <= found.device_count and (sizes is None or size in sizes)
+
     if not memory or weight_bytes * HEADROOM <= memory:
+        fits = f"{gb(weight_bytes)} of weights fit one device ({gb(memory)})"
+        if spec.cfg_above is not None and spec.guidance > spec.cfg_above and launchable(CFG_RANKS):
+            count, replicas = copies(CFG_RANKS)
+            return PlacementProposal(Placement.CFG, 1, f"{fits}, and at guidance {spec.guidance:g} every step runs "
+                                                       "two transformer branches: one per device halves the step (CFG "
+                                                       f"parallel){replicas}", count)
+        tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity)
+        degrees = [n for n in (8, 4, 2) if launchable(n) and spec.context_parallel and not spec.attention_heads % n
+                   and not tokens % n and not text_tokens(spec) % n]
+        if tokens >= CP_TOKENS and degrees:
+            count, replicas = copies(degrees[0])
+            return PlacementProposal(Placement.CP, 1, f"{fits}, and {shape} is {tokens} image tokens: attention over "
+                                                      f"them spread over {degrees[0]} devices (context parallel, "
+                                                      f"Ulysses){replicas}", count, cp_size=degrees[0])
         count, replicas = copies(1)
         return PlacementProposal(Placement.DEVICE, 1, f"{gb(weight_bytes)} of weights fit one of "
                                                       f"{found.device_count} device(s) ({gb(memory)} each){replicas}",
@@ -239,8 +265,6 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
         if option.name is mode and not option.ok:
             raise UnsupportedCombination("mode", f"mode {str(mode)!r} is not possible here: {option.reason}")
     tp_size = check_placement(spec, adapter, placement, params.tp_size or proposed.tp_size, settings.pool_nnodes)
-    if devices is not None:
-        check_device_set(devices, adapter, local_devices(placement, tp_size, settings.pool_nnodes))
     typed = None if _absent(params.resolution) else parse_resolution(params.resolution)
     shape = check_shape(spec, typed.width, typed.height) if typed else None
     num_images = 1 if _absent(params.num_images) else _whole("num_images", params.num_images, 1, MAX_IMAGES)
@@ -260,7 +284,7 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     lora, lora_scale = check_lora(spec, settings, placement, params.lora, params.lora_scale)
     quantization = check_quantization(adapter, placement, weights)
     step_cache, why = check_step_cache(spec, mode, placement, steps, params.step_cache)
-    return Request(
+    request = Request(
         prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size,
         shape=shape or spec.default_shape, steps=steps,
         guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
@@ -269,6 +293,16 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
         edit=edit, lora=lora, lora_scale=lora_scale, step_cache=step_cache,
         step_cache_asked=None if _absent(params.step_cache) else str(params.step_cache), step_cache_why=why,
         quantization=quantization)
+    if placement is Placement.CP:
+        request = dataclasses.replace(request, cp_size=check_context_parallel(
+            spec, adapter, params.cp_size or (proposed.cp_size if proposed.placement is Placement.CP else 2),
+            request.shape, request.references,
+            settings.pool_nnodes))
+    elif placement is Placement.CFG:
+        check_cfg_parallel(spec, adapter, request.guidance, settings.pool_nnodes)
+    if devices is not None:
+        check_device_set(devices, adapter, local_devices(placement, request.world_size, settings.pool_nnodes))
+    return request
 
 
 def check_step_cache(spec: ModelSpec, mode: Mode, placement: Placement, steps: int,
@@ -301,9 +335,9 @@ def step_cache_refusal(spec: ModelSpec, cache: StepCache, mode: Mode, placement:
     if mode.compiles:
         return (f"in mode {mode} its hooks decide inside the transformer, in Python, which a fullgraph compile cannot "
                 "trace: eager modes only (taylorseer decides before the transformer runs and works compiled)")
-    if placement is Placement.TP:
-        return ("its hooks decide per rank inside the sharded transformer, and a rank deciding otherwise would leave "
-                "the others waiting in an all-reduce: with tensor parallelism only taylorseer (decided from the step "
+    if placement.pooled:
+        return ("its hooks decide per rank inside the transformer, and a rank deciding otherwise would leave the "
+                f"others waiting in a collective: with placement {placement} only taylorseer (decided from the step "
                 "count, the same on every rank)")
     return None
 
@@ -375,17 +409,75 @@ def check_placement(spec: ModelSpec, hardware: Hardware, placement: Placement, t
     if undivided:
         raise InvalidRequest("tp_size", size, f"a divisor of {' and '.join(undivided)} (each rank holds a whole "
                                               "share of every sharded component's heads)")
+    return check_pool_size("tp_size", size, hardware, nodes)
+
+
+def check_pool_size(field: str, size: int, hardware: Hardware, nodes: int = 1) -> int:
+    """A pool of `size` ranks this host (and the pool's other nodes) can launch."""
     if size % nodes:
-        raise InvalidRequest("tp_size", size, f"a multiple of the {nodes} nodes the worker pool spans "
-                                              "(ACCELDEMO_POOL_NNODES)")
+        raise InvalidRequest(field, size, f"a multiple of the {nodes} nodes the worker pool spans "
+                                          "(ACCELDEMO_POOL_NNODES)")
     refusal = hardware.tensor_parallel_refusal(size // nodes)
     if refusal:
-        raise InvalidRequest("tp_size", size, refusal)
+        raise InvalidRequest(field, size, refusal)
     count = len(hardware.devices()) * nodes
     if not hardware.device_sets(size // nodes):  # CPU ranks share cores: every size has a group there
         where = "here" if nodes == 1 else f"on the pool's {nodes} nodes"
-        raise InvalidRequest("tp_size", size, f"at most the {count} {hardware.name} devices {where}")
+        raise InvalidRequest(field, size, f"at most the {count} {hardware.name} devices {where}")
     return size
+
+
+def check_cfg_parallel(spec: ModelSpec, hardware: Hardware, guidance: float, nodes: int = 1) -> None:
+    """CFG parallel splits the two guidance branches of each step over two ranks: the model must run both."""
+    if spec.cfg_above is None:
+        raise UnsupportedCombination("placement", f"placement 'cfg' is not possible here: {spec.title} runs one "
+                                                  "transformer branch per step (it is guidance-distilled: no "
+                                                  "unconditional branch to split off); use device, or tp or cp")
+    if guidance <= spec.cfg_above:
+        raise InvalidRequest("guidance", guidance, f"above {spec.cfg_above:g} with placement 'cfg': at "
+                                                   f"{guidance:g} {spec.name} runs one branch, nothing to split")
+    check_pool_size("placement", CFG_RANKS, hardware, nodes)
+
+
+def text_tokens(spec: ModelSpec) -> int:
+    """The text tokens a prompt takes in the transformer (the pipelines' default 512 where the model sets none)."""
+    return spec.max_sequence_length or 512
+
+
+def check_context_parallel(spec: ModelSpec, hardware: Hardware, size: object, shape: Shape, references: int = 0,
+                           nodes: int = 1) -> int:
+    """The context-parallel degree: Ulysses attention splits the image and text tokens over the ranks and all-to-alls
+    the heads, so the degree must divide the heads and both token counts, and the host must have the devices."""
+    if not spec.context_parallel:
+        raise UnsupportedCombination("placement", f"placement 'cp' is not possible here: {spec.title}'s transformer "
+                                                  "has no context-parallel plan in diffusers 0.42.1 (no _cp_plan)")
+    degree = _whole("cp_size", size, 2, 64)
+    working = context_parallel_degrees(spec, hardware, shape, references, nodes)
+    if degree not in working:
+        tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity) * (1 + references)
+        raise InvalidRequest("cp_size", degree, f"a degree that divides the {spec.attention_heads} attention heads, "
+                                                f"the {tokens} image tokens at {shape} and the {text_tokens(spec)} "
+                                                f"text tokens, with that many {hardware.name} devices here: "
+                                                + (", ".join(map(str, working)) or "none at this shape")
+                                                + " (Ulysses attention; ring attention, which would take any degree, "
+                                                  "needs an attention backend that returns the log-sum-exp, which "
+                                                  "diffusers' native one does not: not wired here)")
+    return degree
+
+
+def context_parallel_degrees(spec: ModelSpec, hardware: Hardware, shape: Shape, references: int = 0,
+                             nodes: int = 1) -> list[int]:
+    """Every context-parallel degree that works for this model, shape and host."""
+    tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity) * (1 + references)
+    working = []
+    for degree in range(2, 65):
+        if spec.attention_heads % degree or tokens % degree or text_tokens(spec) % degree:
+            continue
+        try:
+            working.append(check_pool_size("cp_size", degree, hardware, nodes))
+        except InvalidRequest:
+            continue
+    return working
 
 
 def tensor_parallel_options(spec: ModelSpec, hardware: Hardware, nodes: int = 1) -> list[int]:
@@ -399,9 +491,9 @@ def tensor_parallel_options(spec: ModelSpec, hardware: Hardware, nodes: int = 1)
     return accepted
 
 
-def local_devices(placement: Placement, tp_size: int, nodes: int) -> int:
-    """How many devices of this host one pipeline occupies: its share of a tensor-parallel group, else one."""
-    return tp_size // nodes if placement is Placement.TP else 1
+def local_devices(placement: Placement, world: int, nodes: int) -> int:
+    """How many devices of this host one pipeline occupies: its share of a pool's ranks, else one."""
+    return world // nodes if placement.pooled else 1
 
 
 def check_devices(text: object) -> DeviceSet | None:

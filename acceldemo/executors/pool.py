@@ -76,7 +76,7 @@ class _Pool:
         # Read at each command, so an operator (or a test) can change the executor's limit on a running pool.
         self.hardware, self.devices, self.world_size, self.timeout_s = hardware, devices, world_size, timeout_s
         self.settings = settings
-        self.name = f"tp{world_size} pool on {devices} #{next(self._serial)}"
+        self.name = f"{world_size}-rank pool on {devices} #{next(self._serial)}"
         self.lock = threading.Lock()
         self.pipelines: set[str] = set()
         self.ranks: tuple[RankInfo, ...] = ()
@@ -268,7 +268,7 @@ class PoolPipeline:
         self.sharded: list[list] = []
 
     def ensure_loaded(self, on_progress: ProgressCallback) -> _Pool:
-        pool = self.executor.pool_for(self.key.devices, self.key.tp_size, on_progress)
+        pool = self.executor.pool_for(self.key.devices, self.key.world_size, on_progress)
         if pool is self.pool and self.id in pool.pipelines:
             return pool
         if self.pool is not None:
@@ -284,14 +284,14 @@ class PoolPipeline:
         return pool
 
     def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
-            cancelled=lambda: False, output_type: str = "pil") -> RunOutput:
+            cancelled=lambda: False, output_type: str = "pil", profile: bool = False) -> RunOutput:
         """One call (a request, or requests drawn together) on every rank, as one pipeline call; rank 0's images come
-        back (PIL, or float arrays for output_type "np")."""
+        back (PIL, or float arrays for output_type "np"); `profile`: rank 0 also times its collectives."""
         before = self.pool
         pool = self.ensure_loaded(on_progress)
         if before is not None and pool is not before and self.key.mode.compiles:
             expect_compile = True  # a restarted pool's ranks have compiled nothing yet: say so while they do
-        out = pool.call(Run(self.id, Batch.of(call), expect_compile, output_type), on_progress, cancelled)
+        out = pool.call(Run(self.id, Batch.of(call), expect_compile, output_type, profile), on_progress, cancelled)
         if output_type == "pil":
             from PIL import Image
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..config import Settings
 from ..hardware import HardwareRegistry
 from ..models.catalog import ModelSpec
-from ..records import Placement, PipelineKey, ProgressCallback
+from ..records import PipelineKey, ProgressCallback
 from .base import Executor, LoadedPipeline
 from .local import LocalExecutor
 
@@ -20,7 +20,7 @@ class RoutingExecutor:
         self._pools = pools
 
     def executor_for(self, key: PipelineKey) -> Executor:
-        if key.placement is not Placement.TP and self.hardware.get(key.hardware).in_process(key.devices):
+        if not key.placement.pooled and self.hardware.get(key.hardware).in_process(key.devices):
             return self.local
         return self.pools
 

@@ -29,6 +29,8 @@ class CallSeam:
         self.inner = transformer._compiled_call_impl or transformer._call_impl
         transformer._compiled_call_impl = self
         self.forecast = None
+        # A CFG-parallel pool's split of each call over its ranks (`executors.parallel.CfgSplit`); None: whole.
+        self.split = None
         self.calls = self.computed = 0
         self.first_call: float | None = None
         self._timestep = None
@@ -47,7 +49,7 @@ class CallSeam:
         self.calls += 1
         if self.forecast is None:
             self.computed += 1
-            return self.inner(*args, **kwargs)
+            return self._compute(args, kwargs)
         from diffusers.hooks.hooks import CacheContext
 
         # A step's calls (conditional, then unconditional where guidance calls twice) share its timestep: each keeps
@@ -60,10 +62,13 @@ class CallSeam:
         compute, state = self.forecast._measure_should_compute()
         if compute:
             self.computed += 1
-            output = self.inner(*args, **kwargs)
+            output = self._compute(args, kwargs)
             state.update((output,) if _is_tensor(output) else tuple(output))
             return output
         return tuple(state.predict())
+
+    def _compute(self, args: tuple, kwargs: dict):
+        return self.split(self.inner, args, kwargs) if self.split is not None else self.inner(*args, **kwargs)
 
 
 def _is_tensor(value) -> bool:

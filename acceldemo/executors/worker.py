@@ -12,6 +12,7 @@ flight the app may send `Cancel`, which stops it at its next denoise step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -32,7 +33,8 @@ import numpy as np
 from ..config import PoolLaunch, Settings
 from ..errors import describe_error
 from ..models.catalog import ModelSpec
-from ..records import Batch, DeviceSet, Phase, PipelineKey, Progress, RunOutput, no_progress
+from ..records import Batch, DeviceSet, Phase, PipelineKey, Placement, Progress, RunOutput, no_progress, \
+    placement_label
 
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
@@ -68,6 +70,8 @@ class Run:
     batch: Batch
     expect_compile: bool
     output_type: str = "pil"
+    # Rank 0 profiles the call and reports the seconds it spent in collectives (the bench's communication share).
+    profile: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,18 +314,29 @@ class Rank:
         return self._info()
 
     def _load(self, command: Load) -> list:
+        from ..models.loading import load_pipeline
         from ..models.tensor_parallel import load_sharded_pipeline
         from .artifacts import ArtifactStore
+        from .parallel import enable_context_parallel, split_work
         from .recipe import apply_recipe, precompiles
 
         key, spec = command.key, command.spec
         progress = self.channel.progress if self.channel else no_progress
         started = time.perf_counter()
-        progress(Progress(Phase.LOAD, f"loading {spec.title} sharded over {self.world_size} ranks"
-                          if self.world_size > 1 else f"loading {spec.title}"))
-        pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh, key.quantization)
+        how = {Placement.TP: f"sharded over {self.world_size} ranks",
+               Placement.CFG: f"whole on each of {self.world_size} ranks, one guidance branch each",
+               Placement.CP: f"whole on each of {self.world_size} ranks, the image tokens spread over them"}
+        progress(Progress(Phase.LOAD, f"loading {spec.title} {how[key.placement]}" if self.world_size > 1
+                          else f"loading {spec.title}"))
+        if key.placement is Placement.TP:
+            pipe, sharded = load_sharded_pipeline(spec, self.settings, self.mesh, key.quantization)
+        else:
+            pipe, sharded = load_pipeline(spec, self.settings, key.quantization), []
         pipe.set_progress_bar_config(disable=True)
-        where = f"{key.mode}, tp{self.world_size}" if self.world_size > 1 else str(key.mode)
+        if key.placement is Placement.CP:
+            enable_context_parallel(pipe, key.cp_size, self.hardware.mesh_device_type)
+        where = f"{key.mode}, {placement_label(key.placement, key.tp_size, key.cp_size)}" if self.world_size > 1 \
+            else str(key.mode)
         progress(Progress(Phase.LOAD, f"placing on {key.devices} ({where})", elapsed=time.perf_counter() - started))
         # A whole pipeline (a pool of one rank: a replica) uses the host's precompiled packages like the app does;
         # sharded transformers cannot be exported into one.
@@ -330,6 +345,7 @@ class Rank:
         # The rank sees only its own devices: the first visible one is its device.
         apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec,
                      self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))
+        split_work(pipe, key.placement, self.rank, self.world_size)
         self.pipelines[command.pipeline] = pipe
         self.sharded[command.pipeline] = sharded
         return sharded
@@ -339,11 +355,15 @@ class Rank:
 
         pipe = self._pipeline(command.pipeline)
         progress = self.channel.progress if self.channel else no_progress
-        out = run_pipeline(pipe, self.hardware, command.batch, command.expect_compile, progress, self._cancelled,
-                           output_type=command.output_type, limits=recompile_limits(self.settings),
-                           cache_dir=self.settings.cache_dir if self.rank == 0 else None)  # rank 0 reports
+        profiled = command.profile and self.rank == 0
+        with _CollectivesTimed() if profiled else contextlib.nullcontext() as collectives:
+            out = run_pipeline(pipe, self.hardware, command.batch, command.expect_compile, progress, self._cancelled,
+                               output_type=command.output_type, limits=recompile_limits(self.settings),
+                               cache_dir=self.settings.cache_dir if self.rank == 0 else None)  # rank 0 reports
         if self.rank != 0:
             return None  # only rank 0 answers the app
+        if profiled:
+            out = dataclasses.replace(out, collective_seconds=collectives.seconds)
         # Pixels as arrays: over a local socket a copy of the bytes costs less than a PNG's encode and decode.
         images = [np.asarray(image) for image in out.images] if command.output_type == "pil" else list(out.images)
         return dataclasses.replace(out, images=images)
@@ -386,11 +406,30 @@ class Rank:
         if isinstance(command, Load):
             for rank, (_, sharded) in enumerate(outcomes if self.world_size > 1 else ()):
                 shown = ", ".join(str(s) for s in sharded)
-                self.channel.progress(Progress(Phase.LOAD, f"rank {rank} loaded: {shown} parameters sharded"))
+                self.channel.progress(Progress(Phase.LOAD, f"rank {rank} loaded: {shown} parameters sharded"
+                                               if sharded else f"rank {rank} loaded the whole pipeline"))
             value = [sharded for _, sharded in outcomes]
         elif isinstance(command, Status):
             value = [info for _, info in outcomes]
         self.channel.send(Done(value))
+
+
+class _CollectivesTimed(contextlib.AbstractContextManager):
+    """torch.profiler around one call: the seconds this rank's own thread spent in c10d collectives, launching them
+    and waiting for them (each event's self time, so nested ones count once)."""
+
+    def __enter__(self) -> "_CollectivesTimed":
+        from torch.profiler import ProfilerActivity, profile
+
+        self.seconds = 0.0
+        self._profile = profile(activities=[ProfilerActivity.CPU])
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._profile.__exit__(*exc)
+        self.seconds = sum(event.self_cpu_time_total for event in self._profile.key_averages()
+                           if "c10d" in event.key) / 1e6
 
 
 def _exit_with(app_pid: int, folder: str | None) -> None:

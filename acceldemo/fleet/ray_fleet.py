@@ -19,7 +19,7 @@ from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull
 from ..engine.validation import propose_placement
 from ..hardware import ADAPTERS, Availability, HardwareRegistry
 from ..models.catalog import get_model
-from ..records import (DeviceSet, GenerateResult, Phase, Placement, Progress, ProgressCallback, ReplicaState, Request,
+from ..records import (DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request,
                        Shape)
 
 log = logging.getLogger("acceldemo.fleet")
@@ -66,7 +66,7 @@ def plan_fleet(settings: Settings, resources: dict[str, float], model: str | Non
     proposal = propose_placement(get_model(model or settings.default_model), found[hardware],
                                  adapter.tensor_parallel_sizes())
     # CPU ranks share one device (gloo): a CPU replica is one device whatever its TP size.
-    per_replica = proposal.tp_size if proposal.placement is Placement.TP and adapter.ray_resource else 1
+    per_replica = proposal.world_size if proposal.placement.pooled and adapter.ray_resource else 1
     replicas = settings.replicas_of(hardware) or max(1, found[hardware].device_count // per_replica)
     autoscaling = settings.ray_autoscaling
     capacity = int(autoscaling.get("max_replicas", replicas)) if autoscaling else replicas

@@ -18,7 +18,7 @@ from ..config import Settings
 from ..engine import CompiledShape
 from ..errors import AcceldemoError, GenerationFailed
 from ..hardware import prepare_process
-from ..records import GenerateResult, Progress, Request
+from ..records import GenerateResult, Progress, Request, placement_label
 
 
 _DONE = object()  # the engine's job has its outcome
@@ -27,7 +27,8 @@ _DONE = object()  # the engine's job has its outcome
 def routing_key(request: Request) -> str:
     """What a replica holds that makes it the best place for a request: its pipeline compiled at its shape (Serve's
     multiplexed model id)."""
-    return f"{request.model}|{request.hardware}|{request.mode}|{request.placement}|tp{request.tp_size}|{request.shape}"
+    return (f"{request.model}|{request.hardware}|{request.mode}|"
+            f"{placement_label(request.placement, request.tp_size, request.cp_size)}|{request.shape}")
 
 
 @dataclass(frozen=True)
@@ -144,5 +145,6 @@ def _params_of(request: Request):
     from ..records import GenerateParams
 
     return GenerateParams(prompt=request.prompt, model=request.model, hardware=request.hardware, mode=request.mode,
-                          placement=request.placement, tp_size=request.tp_size, resolution=request.shape,
+                          placement=request.placement, tp_size=request.tp_size, cp_size=request.cp_size,
+                          resolution=request.shape,
                           steps=request.steps, guidance=request.guidance, seed=request.seed)

@@ -57,6 +57,8 @@ class ModelSpec:
     activation_bytes: int = 0
     # Components that have a tensor-parallel plan (diffusers `_tp_plan`, transformers `tp_plan="auto"`).
     tp_components: tuple[str, ...] = ()
+    # Whether diffusers can spread its transformer's tokens over ranks (the transformer class has a `_cp_plan`).
+    context_parallel: bool = False
     # (query heads, key/value heads) of each component a tensor-parallel degree shards: it must divide them all.
     shard_heads: dict[str, tuple[int, int]] = field(default_factory=dict)
     description: str = ""
@@ -168,6 +170,8 @@ def _real(name: str, dtype: str = "bfloat16") -> dict:
                             for component in real_configs.components(name) if component != "vae"}}
 
 
+# The FLUX family's transformers (FLUX.1, FLUX.2, klein) have a context-parallel plan in diffusers 0.42.1; SD3's not.
+_CP = dict(context_parallel=True)
 _TINY = dict(cache_advice=_ADVICE_TINY, dtype="float32", min_side=64, max_side=512, default_shape=Shape(64, 64),
              activation_bytes=200_000_000,
              presets=(Shape(64, 64), Shape(128, 128), Shape(128, 64), Shape(256, 256)),
@@ -175,7 +179,7 @@ _TINY = dict(cache_advice=_ADVICE_TINY, dtype="float32", min_side=64, max_side=5
 
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
-        name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
+        **_CP, name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
         pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
         step_caches=_FLUX2_CACHES,
         max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
@@ -188,14 +192,14 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **{**_TINY, "default_shape": Shape(*SHAPES_SIZES[0]), "presets": tuple(Shape(*size) for size in SHAPES_SIZES),
            "only_presets": True}),
     ModelSpec(
-        name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
+        **_CP, name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
         step_caches=_FLUX2_CACHES,
         edits="reference", max_references=4, inpaints=True,
         max_sequence_length=64, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
-        name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
+        **_CP, name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
         repo=None, tiny_family="flux1", inpaints=True, steps=4, guidance=0.0, max_sequence_length=64,
         step_caches=_FLUX1_CACHES,
         tp_components=("transformer",), shard_heads=_TINY_HEADS, **_TINY),
@@ -206,12 +210,12 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         # No mask: diffusers' SD3 inpainting pipeline wants 16 latent channels (SD 3.5's); the tiny VAE has 4.
         **_TINY),
     ModelSpec(
-        name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
+        **_CP, name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256, step_caches=_FLUX2_CACHES,
         edits="reference", max_references=4,
         tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
-        name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
+        **_CP, name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
         repo="black-forest-labs/FLUX.2-klein-4B", inpaints=True, steps=4, guidance=1.0, step_caches=_FLUX2_CACHES,
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
@@ -221,7 +225,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         activation_bytes=3 * GB,
         description="Fits one NeuronCore: the whole pipeline on the device."),
     ModelSpec(
-        name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
+        **_CP, name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
         repo="black-forest-labs/FLUX.1-schnell", inpaints=True, steps=4, guidance=0.0, step_caches=_FLUX1_CACHES,
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
@@ -240,7 +244,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **_real("sd3.5-medium"),
         description="About 16 GB in bf16: fits one v6e chip; compile the full transformer."),
     ModelSpec(
-        name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
+        **_CP, name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
         repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
         step_caches={StepCache.TAYLORSEER: _TAYLORSEER_LONG, StepCache.PAB: PAB_FLUX},
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 12, "TaylorSeer from 12 steps on: at the recipe's 28 SGLang "

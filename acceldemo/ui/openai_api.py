@@ -102,6 +102,8 @@ class ImageGenerationRequest(BaseModel):
     mode: str | None = None
     placement: str | None = None
     tp_size: int | None = None
+    # Context-parallel degree with placement cp.
+    cp_size: int | None = None
     # A LoRA style of the model (GET /v1/models lists each model's `loras`) and its strength (0-2).
     lora: str | None = None
     lora_scale: float | None = None
@@ -136,7 +138,7 @@ class ImageGenerationRequest(BaseModel):
                                                                 "server does not draw")
         return GenerateParams(
             prompt=self.prompt, model=self.model, hardware=self.hardware, mode=self.mode, placement=self.placement,
-            tp_size=self.tp_size, resolution=None if self.size == "auto" else self.size,
+            tp_size=self.tp_size, cp_size=self.cp_size, resolution=None if self.size == "auto" else self.size,
             steps=self.num_inference_steps, guidance=self.guidance_scale, seed=self.seed, num_images=self.n,
             quality=self.quality, background=self.background, previews=self.partials > 0, lora=self.lora,
             lora_scale=self.lora_scale, step_cache=self.step_cache, quantization=self.quantization,

@@ -51,8 +51,10 @@ def _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps
     strength counts only with a picture, the style strength only with a style, as the engine wants them)."""
     placement = None if placement in (None, AUTO) else placement
     styled = lora not in (None, "", NO_STYLE)
+    # The page's one degree field is the tensor-parallel size with tp, the context-parallel degree with cp.
     return GenerateParams(prompt=prompt, model=model, hardware=hardware, mode=mode, placement=placement,
-                          tp_size=tp_size if placement == Placement.TP else None, resolution=resolution, steps=steps,
+                          tp_size=tp_size if placement == Placement.TP else None,
+                          cp_size=tp_size if placement == Placement.CP else None, resolution=resolution, steps=steps,
                           guidance=guidance, seed=seed, previews=previews, image=picture,
                           strength=strength if picture is not None else None, lora=lora if styled else None,
                           lora_scale=lora_scale if styled else None, step_cache=step_cache,
@@ -480,7 +482,8 @@ def build_page(engine: Engine) -> gr.Blocks:
                         placement = gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
                                                 elem_id="placement")
                         # Any typed size reaches the engine, which says why it is refused; the list is what works here.
-                        tp_size = gr.Dropdown(label="TP world size", allow_custom_value=True, elem_id="tp-size",
+                        tp_size = gr.Dropdown(label="Degree (tp: its sizes here; cp: typed)", allow_custom_value=True,
+                                              elem_id="tp-size",
                                               **(tp_size_choices(first_offer) if isinstance(first_offer, Offer)
                                                  else {"choices": []}))
                     with gr.Row():

@@ -1,0 +1,71 @@
+"""Section 14: more devices per image — a CFG-parallel pool of 2 ranks ÷ a pool of 1 on tiny-sd3 (guidance 4.5,
+128x128, 28 steps), and a context-parallel pool of 2 ranks ÷ 1 on tiny-flux2-klein at its largest shape (512x512),
+with the share of a call rank 0 spends in collectives. Every pool is real torchrun ranks with a gloo group, one
+torch thread each; the calls go through the executor interface the engine uses, interleaved, timed in wall seconds
+(they cross processes)."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..records import GenerateParams, Placement, Shape, no_progress
+from .figures import Figure, Spread, Target, interleaved, log, ratios
+
+if TYPE_CHECKING:
+    from .runner import InProcessBench
+
+CASES = (("tiny-sd3", Placement.CFG, Shape(128, 128), 28), ("tiny-flux2-klein", Placement.CP, Shape(512, 512), 4))
+RUNS = {"full": 10, "quick": 4, "smoke": 1}
+
+
+def parallel(bench: "InProcessBench") -> list[Figure]:
+    from ..executors.pool import PoolExecutor
+
+    figures = []
+    for model, placement, shape, steps in CASES:
+        request = bench.engine.check(GenerateParams(prompt="a red circle on a blue background", model=model,
+                                                    hardware=bench.options.hardware, placement=placement,
+                                                    resolution=shape, steps=steps, seed=0))
+        alone = replace(request, placement=Placement.TP, tp_size=1, cp_size=1)  # the whole pipeline on one rank
+        executors = [PoolExecutor(bench.engine.settings, bench.engine.hardware) for _ in range(2)]
+        try:
+            devices = bench.hardware.device_sets(2)[0]
+            loaded = [executor.load(call.key(devices), request.spec, no_progress)
+                      for executor, call in zip(executors, (alone, request))]
+            for pipeline, call in zip(loaded, (alone, request)):
+                pipeline.run(call, False, no_progress)  # warm: each rank's first call
+            log(f"  {placement} 2 ranks vs 1 rank: {model} {shape}, {steps} steps")
+            shares: list[float] = []
+
+            def timed(pipeline, call, profile: bool = False):
+                def run() -> float:
+                    started = time.perf_counter()
+                    out = pipeline.run(call, False, no_progress, profile=profile)
+                    seconds = time.perf_counter() - started
+                    if profile:
+                        shares.append(out.collective_seconds / out.seconds)
+                    return seconds
+                return run
+
+            one, two = interleaved([timed(loaded[0], alone), timed(loaded[1], request)], RUNS[bench.plan.name])
+            timed(loaded[1], request, profile=True)()
+        finally:
+            for executor in executors:
+                executor.close()
+        title = f"{placement} over 2 ranks ÷ 1 rank ({model} {shape}, {steps} steps)"
+        if placement is Placement.CFG:
+            figures.append(Figure("parallel_cfg", 14, f"speed: {title}", "ratio", ratios(one, two), Target(">=", 1.5),
+                                  note="one rank per guidance branch: each computes half the transformer's batch; "
+                                       "the text encoders and the VAE run on both",
+                                  if_missed="the transformer's batch-2 call costs less than twice its batch-1 call on "
+                                            "a tiny model: the branches share fixed costs"))
+        else:
+            figures.append(Figure("parallel_cp", 14, f"speed: {title}", "ratio", ratios(one, two),
+                                  note="Ulysses attention: each rank holds half the tokens; two all-to-alls per "
+                                       "attention"))
+        figures.append(Figure(f"parallel_{placement}_collectives", 14, f"share of the call in collectives: {title}",
+                              "ratio", Spread.of(shares),
+                              note="rank 0's own thread in c10d collectives (launching and waiting), profiled in one "
+                                   "call"))
+    return figures
