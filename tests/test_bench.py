@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_SCRIPT = ROOT / "bench" / "device" / "flux2_klein_cuda.py"
 # The pool has tests of its own and is the slowest section to start; CI keeps this smoke run short without it.
-SMOKE_SECTIONS = "manager,compiled,revisits,previews,styles,acceleration,regional,restart,serving,replicas,batching"
+SMOKE_SECTIONS = ("manager,compiled,revisits,previews,styles,acceleration,parallel,regional,restart,serving,replicas,"
+                  "batching")
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
@@ -47,7 +48,7 @@ def test_smoke_bench_writes_json_markdown_and_chart(smoke_report):
 def test_smoke_bench_reports_every_asked_section(smoke_report):
     report, _, _ = smoke_report
     sections = {figure["section"] for figure in report["figures"]}
-    assert sections == {1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13}
+    assert sections == {1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14}
     keys = {figure["key"] for figure in report["figures"]}
     assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
             "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_v1_p50_1_client",
@@ -57,7 +58,8 @@ def test_smoke_bench_reports_every_asked_section(smoke_report):
             "batching_lone_client", "batching_errors", "styles_switch_compiled", "styles_new_graphs_compiled",
             "styles_edit_compiled", "styles_edit_half_eager", "step_cache_speed_eager_28",
             "step_cache_speed_compiled_28", "step_cache_difference_compiled_4", "step_cache_compiled_28_accuracy_drop",
-            "int8_weight_bytes", "int8_speed", "int8_accuracy_drop", "result_cache"} <= keys
+            "int8_weight_bytes", "int8_speed", "int8_accuracy_drop", "result_cache", "parallel_cfg", "parallel_cp",
+            "parallel_cfg_collectives", "parallel_cp_collectives"} <= keys
     assert next(f for f in report["figures"] if f["key"] == "batching_errors")["value"]["high"] == 0
     assert next(f for f in report["figures"] if f["key"] == "styles_new_graphs_compiled")["value"]["high"] == 0
 
