@@ -294,9 +294,13 @@ class Rank:
         asked = self.channel.take_cancel() if self.channel else False
         if self.world_size == 1:
             return asked
-        box = [asked]
-        self.dist.broadcast_object_list(box, src=0, group=self.control)
-        return bool(box[0])
+        # One byte as a tensor: a broadcast of a pickled object costs two collectives (its size, then its bytes),
+        # about 0.6 ms on gloo against 0.25 ms, at every step of every call.
+        import torch
+
+        flag = torch.tensor([asked], dtype=torch.uint8)
+        self.dist.broadcast(flag, src=0, group=self.control)
+        return bool(flag.item())
 
     # --- the commands ---------------------------------------------------------------------------------------
 
