@@ -5,7 +5,6 @@ import contextlib
 import dataclasses
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass

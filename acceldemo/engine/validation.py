@@ -137,7 +137,7 @@ def _placement(spec: ModelSpec, components: dict[str, int], found: Availability,
             return PlacementProposal(Placement.CFG, 1, f"{fits}, and at guidance {spec.guidance:g} every step runs "
                                                        "two transformer branches: one per device halves the step (CFG "
                                                        f"parallel){replicas}", count)
-        tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity)
+        tokens = spec.image_tokens(shape)
         degrees = [n for n in (8, 4, 2) if launchable(n) and spec.context_parallel and not spec.attention_heads % n
                    and not tokens % n and not text_tokens(spec) % n]
         if tokens >= CP_TOKENS and degrees:
@@ -454,7 +454,7 @@ def check_context_parallel(spec: ModelSpec, hardware: Hardware, size: object, sh
     degree = _whole("cp_size", size, 2, 64)
     working = context_parallel_degrees(spec, hardware, shape, references, nodes)
     if degree not in working:
-        tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity) * (1 + references)
+        tokens = spec.image_tokens(shape, references)
         raise InvalidRequest("cp_size", degree, f"a degree that divides the {spec.attention_heads} attention heads, "
                                                 f"the {tokens} image tokens at {shape} and the {text_tokens(spec)} "
                                                 f"text tokens, with that many {hardware.name} devices here: "
@@ -468,7 +468,7 @@ def check_context_parallel(spec: ModelSpec, hardware: Hardware, size: object, sh
 def context_parallel_degrees(spec: ModelSpec, hardware: Hardware, shape: Shape, references: int = 0,
                              nodes: int = 1) -> list[int]:
     """Every context-parallel degree that works for this model, shape and host."""
-    tokens = (shape.width // spec.granularity) * (shape.height // spec.granularity) * (1 + references)
+    tokens = spec.image_tokens(shape, references)
     working = []
     for degree in range(2, 65):
         if spec.attention_heads % degree or tokens % degree or text_tokens(spec) % degree:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import Settings
 from ..hardware import Hardware
 from ..models.catalog import ModelSpec
-from ..models.loading import weight_bytes
+from ..models.weights import weight_bytes
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
 from .edits import EditCall

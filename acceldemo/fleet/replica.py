@@ -18,7 +18,7 @@ from ..config import Settings
 from ..engine import CompiledShape
 from ..errors import AcceldemoError, GenerationFailed
 from ..hardware import prepare_process
-from ..records import GenerateResult, Progress, Request, placement_label
+from ..records import GenerateResult, Request, placement_label
 
 
 _DONE = object()  # the engine's job has its outcome

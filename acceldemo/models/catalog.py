@@ -133,15 +133,18 @@ class ModelSpec:
                                                    else "")
         return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
 
+    def image_tokens(self, shape: Shape, references: int = 0) -> int:
+        """The transformer's image tokens at this size (reference pictures, each at the image's size, add as many
+        again): one per granularity-square of pixels (the VAE's downsampling times the 2x2 packing or patches)."""
+        return (shape.width // self.granularity) * (shape.height // self.granularity) * (1 + references)
+
     def graph_key(self, shape: Shape, num_images: int, guidance: float, references: int = 0) -> tuple:
         """What really makes torch.compile build a new graph for this model: the image token count (packed
         latents; reference pictures, each at the image's size, add as many again) or the latent size, the
         transformer batch (classifier-free guidance doubles it) and the text length; the prompt, seed, steps,
         guidance value, LoRA style and its strength do not."""
         batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
-        g = 16 if self.packed_latents else 1
-        size = ((shape.width // g) * (shape.height // g) * (1 + references),) if self.packed_latents else \
-            (shape.width, shape.height)
+        size = (self.image_tokens(shape, references),) if self.packed_latents else (shape.width, shape.height)
         return (*size, batch, self.max_sequence_length)
 
 

@@ -91,31 +91,6 @@ def quantization_config(spec: ModelSpec, source: str, quantization: Quantization
     return diffusers.PipelineQuantizationConfig(quant_mapping=mapping)
 
 
-def weight_bytes(pipe) -> int:
-    """Bytes the pipeline's weights take as held (parameters and persistent buffers): quantized tensors by their
-    int8/fp8 data and scales, a sharded tensor by this rank's shard."""
-    import torch
-
-    total = 0
-    for component in pipe.components.values():
-        if not isinstance(component, torch.nn.Module):
-            continue
-        saved = set(component.state_dict(keep_vars=True))
-        held = [*component.parameters(), *(b for name, b in component.named_buffers() if name in saved)]
-        for tensor in held:
-            stack = [tensor]
-            while stack:
-                part = stack.pop()
-                if type(part) in (torch.Tensor, torch.nn.Parameter):
-                    total += part.numel() * part.element_size()
-                elif hasattr(part, "to_local"):  # a DTensor: this rank's shard
-                    stack.append(part.to_local())
-                else:  # a tensor subclass (torchao's quantized tensors): the plain tensors it holds
-                    names, _ = part.__tensor_flatten__()
-                    stack.extend(getattr(part, name) for name in names)
-    return total
-
-
 def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantization = Quantization.NONE,
                   **components):
     """The model's diffusers pipeline in its recipe dtype (its transformer and text encoders at `quantization`),

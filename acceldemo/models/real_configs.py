@@ -66,20 +66,16 @@ def build(name: str, component: str, **overrides):
     return getattr(transformers, class_name)(settings)
 
 
-def stored_values(module) -> int:
-    """Values a module's weights hold as saved: its parameters (a tied one once) and its persistent buffers (SD3's
-    positional embedding table is one: 226 M values at 384 positions)."""
-    saved = set(module.state_dict(keep_vars=True))
-    return sum(p.numel() for p in module.parameters()) + \
-        sum(b.numel() for name, b in module.named_buffers() if name in saved)
-
-
 def count_parameters(name: str) -> dict[str, int]:
-    """Each weighted component's stored values (`stored_values`), built on the meta device (nothing allocated)."""
+    """Each weighted component's saved values (`weights.saved_tensors`), built on the meta device (nothing
+    allocated)."""
     import torch
 
+    from .weights import saved_tensors
+
     with torch.device("meta"):
-        return {component: stored_values(build(name, component)) for component in components(name)}
+        return {component: sum(t.numel() for t in saved_tensors(build(name, component)))
+                for component in components(name)}
 
 
 def parameter_counts(name: str) -> dict[str, int]:
