@@ -125,7 +125,8 @@ def test_requests_waiting_for_a_cp_pool_are_drawn_in_one_call_and_one_can_be_sto
     job = []
     job.append(engine.submit(engine.check(ask(model="tiny-sd3", placement="cfg", steps=10)),
                              lambda event: job[0].cancel() if event.step == 2 else None))
-    with pytest.raises(Cancelled, match="after 2 of 10 steps"):
+    # Stop reaches rank 0 over the app's channel while the ranks step on: it ends the call at the next step it sees.
+    with pytest.raises(Cancelled, match=r"after [2-5] of 10 steps"):
         job[0].result(120)
 
 
