@@ -197,3 +197,14 @@ def test_a_fleet_replica_of_a_cfg_group_is_one_actor_with_two_devices():
                        {"CPU": 32.0, "GPU": 8.0})
     assert (fleet.devices_per_replica, fleet.replicas) == (2, 4) and fleet.actor_options["num_gpus"] == 2
     assert "CFG parallel" in fleet.reason
+
+
+def test_cfg_and_cp_are_refused_where_the_whole_pipeline_does_not_fit_one_device():
+    from acceldemo.engine.validation import check_request
+    from acceldemo.hardware import HardwareRegistry
+
+    settings = dataclasses.replace(Settings.from_env(), device_memory_gb={"cpu": 2.0})
+    with pytest.raises(UnsupportedCombination, match=r"placement 'cp' holds the whole pipeline on every rank, and "
+                                                     r"its 33\.7 GB of weights exceed one cpu device \(2\.1 GB\)"):
+        check_request(GenerateParams(prompt="x", model="flux1-schnell", hardware="cpu", placement="cp"), settings,
+                      HardwareRegistry(settings))

@@ -12,7 +12,7 @@ from ..models.caches import component_bytes_at
 from ..models.catalog import ModelSpec
 from ..records import CFG_RANKS, Mode, Placement, Quantization, Shape, placement_label
 from .validation import (Option, PlacementProposal, check_cfg_parallel, context_parallel_degrees, held_bytes,
-                         mode_options, propose_placement, tensor_parallel_options)
+                         mode_options, propose_placement, tensor_parallel_options, whole_weights_refusal)
 
 GiB = 1024**3
 # The mode a plan recommends: the first the placement allows.
@@ -119,9 +119,9 @@ def plan(spec: ModelSpec, host: HostKind, settings: Settings, quantization: Quan
     held = int(held_bytes(spec, component_bytes_at(spec, quantization), proposal.placement, proposal.tp_size))
     shape = shape or spec.default_shape
     cp_sizes = tuple(context_parallel_degrees(spec, adapter, shape, 0, settings.pool_nnodes)) \
-        if spec.context_parallel else ()
+        if spec.context_parallel and whole_weights_refusal(spec, adapter, Placement.CP, quantization) is None else ()
     try:
-        check_cfg_parallel(spec, adapter, spec.guidance, settings.pool_nnodes)
+        check_cfg_parallel(spec, adapter, spec.guidance, settings.pool_nnodes, quantization)
         cfg_refusal = None
     except AcceldemoError as error:
         cfg_refusal = str(error)

@@ -296,10 +296,9 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     if placement is Placement.CP:
         request = dataclasses.replace(request, cp_size=check_context_parallel(
             spec, adapter, params.cp_size or (proposed.cp_size if proposed.placement is Placement.CP else 2),
-            request.shape, request.references,
-            settings.pool_nnodes))
+            request.shape, request.references, settings.pool_nnodes, quantization))
     elif placement is Placement.CFG:
-        check_cfg_parallel(spec, adapter, request.guidance, settings.pool_nnodes)
+        check_cfg_parallel(spec, adapter, request.guidance, settings.pool_nnodes, quantization)
     if devices is not None:
         check_device_set(devices, adapter, local_devices(placement, request.world_size, settings.pool_nnodes))
     return request
@@ -427,8 +426,21 @@ def check_pool_size(field: str, size: int, hardware: Hardware, nodes: int = 1) -
     return size
 
 
-def check_cfg_parallel(spec: ModelSpec, hardware: Hardware, guidance: float, nodes: int = 1) -> None:
-    """CFG parallel splits the two guidance branches of each step over two ranks: the model must run both."""
+def whole_weights_refusal(spec: ModelSpec, hardware: Hardware, placement: Placement,
+                          quantization: Quantization = Quantization.NONE) -> str | None:
+    """Why every rank cannot hold the whole pipeline (cfg and cp shard no weights); None when one device can."""
+    memory = hardware.detect().memory_bytes
+    weights = sum(component_bytes_at(spec, quantization).values())
+    if not memory or weights * HEADROOM <= memory:
+        return None
+    return (f"placement {str(placement)!r} holds the whole pipeline on every rank, and its {weights / 1e9:.1f} GB of "
+            f"weights exceed one {hardware.name} device ({memory / 1e9:.1f} GB): tp shards them")
+
+
+def check_cfg_parallel(spec: ModelSpec, hardware: Hardware, guidance: float, nodes: int = 1,
+                       quantization: Quantization = Quantization.NONE) -> None:
+    """CFG parallel splits the two guidance branches of each step over two ranks: the model must run both, and each
+    rank holds it whole."""
     if spec.cfg_above is None:
         raise UnsupportedCombination("placement", f"placement 'cfg' is not possible here: {spec.title} runs one "
                                                   "transformer branch per step (it is guidance-distilled: no "
@@ -436,6 +448,9 @@ def check_cfg_parallel(spec: ModelSpec, hardware: Hardware, guidance: float, nod
     if guidance <= spec.cfg_above:
         raise InvalidRequest("guidance", guidance, f"above {spec.cfg_above:g} with placement 'cfg': at "
                                                    f"{guidance:g} {spec.name} runs one branch, nothing to split")
+    refusal = whole_weights_refusal(spec, hardware, Placement.CFG, quantization)
+    if refusal:
+        raise UnsupportedCombination("placement", refusal)
     check_pool_size("placement", CFG_RANKS, hardware, nodes)
 
 
@@ -445,12 +460,16 @@ def text_tokens(spec: ModelSpec) -> int:
 
 
 def check_context_parallel(spec: ModelSpec, hardware: Hardware, size: object, shape: Shape, references: int = 0,
-                           nodes: int = 1) -> int:
+                           nodes: int = 1, quantization: Quantization = Quantization.NONE) -> int:
     """The context-parallel degree: Ulysses attention splits the image and text tokens over the ranks and all-to-alls
-    the heads, so the degree must divide the heads and both token counts, and the host must have the devices."""
+    the heads, so the degree must divide the heads and both token counts, and the host must have the devices; each
+    rank holds the whole pipeline."""
     if not spec.context_parallel:
         raise UnsupportedCombination("placement", f"placement 'cp' is not possible here: {spec.title}'s transformer "
                                                   "has no context-parallel plan in diffusers 0.42.1 (no _cp_plan)")
+    refusal = whole_weights_refusal(spec, hardware, Placement.CP, quantization)
+    if refusal:
+        raise UnsupportedCombination("placement", refusal)
     degree = _whole("cp_size", size, 2, 64)
     working = context_parallel_degrees(spec, hardware, shape, references, nodes)
     if degree not in working:
