@@ -59,7 +59,7 @@ def test_smoke_bench_reports_every_asked_section(smoke_report):
             "styles_edit_compiled", "styles_edit_half_eager", "step_cache_speed_eager_28",
             "step_cache_speed_compiled_28", "step_cache_difference_compiled_4", "step_cache_compiled_28_accuracy_drop",
             "int8_weight_bytes", "int8_speed", "int8_accuracy_drop", "result_cache", "parallel_cfg", "parallel_cp",
-            "parallel_cfg_collectives", "parallel_cp_collectives"} <= keys
+            "parallel_cfg_collectives", "parallel_cp_collectives", "parallel_cfg_ceiling"} <= keys
     assert next(f for f in report["figures"] if f["key"] == "batching_errors")["value"]["high"] == 0
     assert next(f for f in report["figures"] if f["key"] == "styles_new_graphs_compiled")["value"]["high"] == 0
 
@@ -73,6 +73,17 @@ def test_smoke_bench_judges_each_acceleration_choice(smoke_report):
     drop = figures["step_cache_eager_28_accuracy_drop"]
     assert set(drop["detail"]["with"]) == {"colours", "position", "shape", "scene"}  # the model's judge read them
     assert "17 of 28 transformer calls answered by the cache" in figures["step_cache_speed_eager_28"]["note"]
+
+
+@pytest.mark.slow
+def test_smoke_bench_measures_what_parallel_placements_spend(smoke_report):
+    report, _, _ = smoke_report
+    figures = {f["key"]: f["value"] for f in report["figures"]}
+    # One rank's batch of 1 costs less than the batch of 2, so the bound with free collectives is above 1 and below 2.
+    assert 1.0 < figures["parallel_cfg_ceiling"]["median"] < 2.0
+    # The gathers of 2 ranks cost something, and never the whole call.
+    for key in ("parallel_cfg_collectives", "parallel_cp_collectives"):
+        assert 0.0 < figures[key]["median"] < 1.0, key
 
 
 @pytest.mark.slow

@@ -419,8 +419,13 @@ class Rank:
 
 
 class _CollectivesTimed(contextlib.AbstractContextManager):
-    """torch.profiler around one call: the seconds this rank's own thread spent in c10d collectives, launching them
-    and waiting for them (each event's self time, so nested ones count once)."""
+    """torch.profiler around one call: the seconds in which this rank had a collective in flight, launched and not yet
+    complete. The profiler records a collective as `c10d::<op>` or `_c10d_functional::<op>` for its launch (and
+    `_c10d_functional::wait_tensor` for a functional one's wait), and as `<backend>:<op>` (`gloo:all_gather`) from
+    launch to completion, the wait for the slower rank included. Their spans are merged, so nested or overlapping ones
+    count once."""
+
+    BACKENDS = ("gloo:", "nccl:", "xla:", "neuron:")
 
     def __enter__(self) -> "_CollectivesTimed":
         from torch.profiler import ProfilerActivity, profile
@@ -432,8 +437,16 @@ class _CollectivesTimed(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self._profile.__exit__(*exc)
-        self.seconds = sum(event.self_cpu_time_total for event in self._profile.key_averages()
-                           if "c10d" in event.key) / 1e6
+        spans = sorted((event.time_range.start, event.time_range.end) for event in self._profile.events()
+                       if "c10d" in event.name or event.name.startswith(self.BACKENDS))
+        total_us, start, end = 0.0, None, None
+        for begin, finish in spans:
+            if end is None or begin > end:
+                total_us += 0.0 if end is None else end - start
+                start, end = begin, finish
+            else:
+                end = max(end, finish)
+        self.seconds = (total_us + (0.0 if end is None else end - start)) / 1e6
 
 
 def _exit_with(app_pid: int, folder: str | None) -> None:
