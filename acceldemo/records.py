@@ -553,7 +553,7 @@ class RunOutput:
     cache: CacheUse | None = None
     denoise_seconds: float | None = None
     weight_bytes: int = 0
-    # Seconds rank 0 spent in collectives (launching them and waiting for them), when the call was profiled.
+    # Seconds rank 0 had a collective in flight (launch to completion, waits included), when the call was profiled.
     collective_seconds: float | None = None
 
 
@@ -622,7 +622,8 @@ class GenerateResult:
         r = self.request
         return {
             "model": r.model, "hardware": r.hardware, "mode": str(r.mode), "placement": str(r.placement),
-            "tp_size": r.tp_size, "cp_size": r.cp_size, "world_size": r.world_size, "width": r.width, "height": r.height, "steps": r.steps,
+            "tp_size": r.tp_size, "cp_size": r.cp_size, "world_size": r.world_size, "width": r.width,
+            "height": r.height, "steps": r.steps,
             "guidance": r.guidance, "seed": r.seed, "num_images": r.num_images, "quality": r.quality,
             "seconds": round(self.seconds, 4), "queue_wait": round(self.queue_wait, 4),
             "load_seconds": round(self.load_seconds, 4),

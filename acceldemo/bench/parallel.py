@@ -1,16 +1,16 @@
 """Section 14: more devices per image — a CFG-parallel pool of 2 ranks ÷ a pool of 1 on tiny-sd3 (guidance 4.5,
-128x128 and 512x512, 28 steps), and a context-parallel pool of 2 ranks ÷ 1 on tiny-flux2-klein at its largest shape (512x512),
-with the share of a call rank 0 spends in collectives, and for cfg the most it could buy with free collectives (measured
-in this process). Every pool is real torchrun ranks with a gloo group, one
-torch thread each; the calls go through the executor interface the engine uses, interleaved, timed in wall seconds
-(they cross processes)."""
+128x128 and 512x512, 28 steps), and a context-parallel pool of 2 ranks ÷ 1 on tiny-flux2-klein at its largest shape
+(512x512), with the share of a call rank 0 spends in collectives, and for cfg the most it could buy with free
+collectives (measured in this process). Every pool is real torchrun ranks with a gloo group, one torch thread each;
+the calls go through the executor interface the engine uses, interleaved, timed in wall seconds (they cross
+processes)."""
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..records import GenerateParams, Placement, Shape, no_progress
+from ..records import CFG_RANKS, GenerateParams, Placement, Shape, no_progress
 from .figures import Figure, Spread, Target, interleaved, log, ratios
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ def cfg_ceiling(bench: "InProcessBench", request, runs: int) -> Spread:
     process, one thread): a guided call's seconds ÷ the same call with each transformer call's batch-2 seconds
     replaced by the seconds of the batch-1 call one rank would make. The text encoders, the scheduler and the VAE run
     whole on every rank, so they stay."""
+    from ..executors.parallel import branch
     from ..executors.recipe import pipeline_kwargs
     from ..models.loading import load_pipeline
 
@@ -43,11 +44,10 @@ def cfg_ceiling(bench: "InProcessBench", request, runs: int) -> Spread:
         output = forward(*args, **kwargs)
         seconds["batch"] += clock() - started
         batch = kwargs["hidden_states"].shape[0]
-        if batch % 2 == 0:  # one rank's branch: the first half of every batched input, timed on its own
-            half = {name: value[: batch // 2] if hasattr(value, "shape") and value.dim() and value.shape[0] == batch
-                    else value for name, value in kwargs.items()}
+        if batch % CFG_RANKS == 0:  # rank 0's branch of the call, timed on its own
+            half_args, half_kwargs = branch(args, kwargs, batch, 0, CFG_RANKS)
             started = clock()
-            forward(*args, **half)
+            forward(*half_args, **half_kwargs)
             seconds["half"] += clock() - started
         return output
 

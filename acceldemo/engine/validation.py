@@ -138,8 +138,8 @@ def _placement(spec: ModelSpec, components: dict[str, int], found: Availability,
                                                        "two transformer branches: one per device halves the step (CFG "
                                                        f"parallel){replicas}", count)
         tokens = spec.image_tokens(shape)
-        degrees = [n for n in (8, 4, 2) if launchable(n) and spec.context_parallel and not spec.attention_heads % n
-                   and not tokens % n and not text_tokens(spec) % n]
+        degrees = [n for n in (8, 4, 2)
+                   if launchable(n) and spec.context_parallel and ulysses_splits(spec, tokens, n)]
         if tokens >= CP_TOKENS and degrees:
             count, replicas = copies(degrees[0])
             return PlacementProposal(Placement.CP, 1, f"{fits}, and {shape} is {tokens} image tokens: attention over "
@@ -459,6 +459,12 @@ def text_tokens(spec: ModelSpec) -> int:
     return spec.max_sequence_length or 512
 
 
+def ulysses_splits(spec: ModelSpec, image_tokens: int, degree: int) -> bool:
+    """Whether Ulysses attention can spread this model over `degree` ranks: each rank takes a whole share of the
+    attention heads, of the image tokens and of the text tokens."""
+    return not (spec.attention_heads % degree or image_tokens % degree or text_tokens(spec) % degree)
+
+
 def check_context_parallel(spec: ModelSpec, hardware: Hardware, size: object, shape: Shape, references: int = 0,
                            nodes: int = 1, quantization: Quantization = Quantization.NONE) -> int:
     """The context-parallel degree: Ulysses attention splits the image and text tokens over the ranks and all-to-alls
@@ -490,7 +496,7 @@ def context_parallel_degrees(spec: ModelSpec, hardware: Hardware, shape: Shape, 
     tokens = spec.image_tokens(shape, references)
     working = []
     for degree in range(2, 65):
-        if spec.attention_heads % degree or tokens % degree or text_tokens(spec) % degree:
+        if not ulysses_splits(spec, tokens, degree):
             continue
         try:
             working.append(check_pool_size("cp_size", degree, hardware, nodes))

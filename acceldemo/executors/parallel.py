@@ -23,19 +23,27 @@ class CfgSplit:
         batch = kwargs["hidden_states"].shape[0] if "hidden_states" in kwargs else args[0].shape[0]
         if batch % self.world:
             return inner(*args, **kwargs)
-        share = batch // self.world
-        mine = slice(self.rank * share, (self.rank + 1) * share)
-
-        def part(value):
-            return value[mine] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch \
-                else value
-
-        output = inner(*(part(a) for a in args), **{name: part(value) for name, value in kwargs.items()})
+        mine_args, mine_kwargs = branch(args, kwargs, batch, self.rank, self.world)
+        output = inner(*mine_args, **mine_kwargs)
         sample = output[0] if isinstance(output, tuple) else output
         parts = [torch.empty_like(sample) for _ in range(self.world)]
         dist.all_gather(parts, sample.contiguous())
         whole = torch.cat(parts, dim=0)
         return (whole, *output[1:]) if isinstance(output, tuple) else whole
+
+
+def branch(args: tuple, kwargs: dict, batch: int, rank: int, world: int) -> tuple[tuple, dict]:
+    """One rank's share of a transformer call's inputs: every tensor `batch` deep cut to the rank's slice of the batch
+    (a guided pipeline stacks its branches along it), the other inputs whole. `batch` must divide by `world`."""
+    import torch
+
+    share = batch // world
+    mine = slice(rank * share, (rank + 1) * share)
+
+    def part(value):
+        return value[mine] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
+
+    return tuple(part(a) for a in args), {name: part(value) for name, value in kwargs.items()}
 
 
 def enable_context_parallel(pipe, degree: int, mesh_device_type: str) -> None:

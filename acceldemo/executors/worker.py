@@ -439,14 +439,11 @@ class _CollectivesTimed(contextlib.AbstractContextManager):
         self._profile.__exit__(*exc)
         spans = sorted((event.time_range.start, event.time_range.end) for event in self._profile.events()
                        if "c10d" in event.name or event.name.startswith(self.BACKENDS))
-        total_us, start, end = 0.0, None, None
-        for begin, finish in spans:
-            if end is None or begin > end:
-                total_us += 0.0 if end is None else end - start
-                start, end = begin, finish
-            else:
-                end = max(end, finish)
-        self.seconds = (total_us + (0.0 if end is None else end - start)) / 1e6
+        covered_us, reached = 0.0, float("-inf")
+        for begin, finish in spans:  # by start: each span counts only past what earlier spans covered
+            covered_us += max(0.0, finish - max(begin, reached))
+            reached = max(reached, finish)
+        self.seconds = covered_us / 1e6
 
 
 def _exit_with(app_pid: int, folder: str | None) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..records import Quantization, StepCache
+from .weights import DTYPE_BYTES
 
 if TYPE_CHECKING:  # a type only: the catalog imports this module
     from .catalog import ModelSpec
@@ -176,6 +177,6 @@ def component_bytes_at(spec: "ModelSpec", quantization: Quantization) -> dict[st
     per = quantization.bytes_per_weight
     if per is None:
         return dict(spec.component_bytes)
-    own = {"float32": 4, "bfloat16": 2, "float16": 2}[spec.dtype]
+    own = DTYPE_BYTES[spec.dtype]
     return {name: size * per // own if name.startswith(QUANTIZED_PREFIXES) else size
             for name, size in spec.component_bytes.items()}

@@ -48,8 +48,11 @@ def model_dir_folder(spec: ModelSpec, settings: Settings) -> Path | None:
 
 def model_is_here(spec: ModelSpec, settings: Settings) -> bool:
     """Whether the model's files are on this host (embedded, in ACCELDEMO_MODEL_DIR or in the Hugging Face cache)."""
-    if spec.bundled or spec.tiny_family or model_dir_folder(spec, settings):
-        return True
+    return bool(spec.bundled or spec.tiny_family or model_dir_folder(spec, settings) or _in_hf_cache(spec))
+
+
+def _in_hf_cache(spec: ModelSpec) -> bool:
+    """Whether the Hugging Face cache holds the model (read only, never filled)."""
     from huggingface_hub import try_to_load_from_cache
 
     # A diffusers model's folder always holds model_index.json.
@@ -64,7 +67,7 @@ def model_availability(spec: ModelSpec, settings: Settings) -> tuple[bool, str]:
         return True, "embedded: built offline on first use"
     if model_dir_folder(spec, settings):
         return True, f"in ACCELDEMO_MODEL_DIR ({settings.model_dir / spec.repo})"
-    if model_is_here(spec, settings):
+    if _in_hf_cache(spec):
         return True, "in the Hugging Face cache"
     if settings.download:
         return True, f"fetched from the Hugging Face Hub ({spec.repo}) on first use (ACCELDEMO_DOWNLOAD)"

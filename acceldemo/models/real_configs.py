@@ -85,7 +85,9 @@ def parameter_counts(name: str) -> dict[str, int]:
 
 def component_bytes(name: str, dtype: str) -> dict[str, int]:
     """Weight bytes per component in `dtype`: the parameter counts times the dtype's size."""
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    from .weights import DTYPE_BYTES
+
+    size = DTYPE_BYTES[dtype]
     return {component: count * size for component, count in parameter_counts(name).items()}
 
 

@@ -1,6 +1,9 @@
 """What a model's weights take: the tensors they are saved as, and the bytes a loaded pipeline holds."""
 from __future__ import annotations
 
+# Bytes per value of the dtypes the catalog's recipes load weights in.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 
 def saved_tensors(module) -> list:
     """The tensors a module's weights are saved as: its parameters (a tied one once) and its persistent buffers (SD3's
