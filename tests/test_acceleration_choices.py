@@ -43,6 +43,7 @@ def test_int8_is_a_pipeline_of_its_own_holding_under_half_the_bytes(fresh_manage
     assert int8.image.size == (64, 64) and np.abs(pixels(int8) - pixels(plain)).mean() < 4
 
 
+@pytest.mark.slow  # two quantized compiles: outside the quick tier, run in CI
 def test_int8_compiles_once_per_shape_and_keeps_its_style_slot(fresh_manager):
     m = fresh_manager()
     first = m.generate(ask(quantization="int8", mode="compiled"))
@@ -112,6 +113,7 @@ def test_a_repeat_without_the_cache_is_drawn_again(manager):
 
 # --- comparing two configurations ----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a compiled side at a shape of its own: outside the quick tier, run in CI
 def test_a_comparison_draws_one_prompt_and_seed_twice_and_measures_the_difference(fresh_manager):
     m = fresh_manager()
     # 128x128: a shape no test before tests/test_edits.py compiles (dynamo's graphs live as long as the process).

@@ -118,7 +118,7 @@ def test_auto_is_the_models_advice_for_its_steps(manager):
         assert spec.cache_advice.cache is None or spec.cache_advice.cache in spec.step_caches
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("mode", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])
 def test_the_same_request_three_times_gives_the_same_image(manager, mode):
     from acceldemo.errors import Cancelled
 
