@@ -101,7 +101,7 @@ class Settings:
     download: bool = False
 
     @staticmethod
-    def from_env(environ: dict[str, str] | None = None) -> "Settings":
+    def from_env(environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         default_cache = Path("/data/acceldemo") if Path("/data").is_dir() and os.access("/data", os.W_OK) \
             else Path.home() / ".cache" / "acceldemo"
@@ -198,7 +198,7 @@ class Settings:
         return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
 
     @staticmethod
-    def from_json(text: str) -> "Settings":
+    def from_json(text: str) -> Settings:
         values = json.loads(text)
         paths = {"cache_dir", "model_dir", "lora_dir"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
@@ -258,7 +258,7 @@ class PoolLaunch:
                 POOL_SETTINGS_VARIABLE: self.settings.to_json()}
 
     @staticmethod
-    def take_from_environment() -> "PoolLaunch":
+    def take_from_environment() -> PoolLaunch:
         """This rank's launch, removed from the environment, so no child of a rank (compiler workers) inherits the
         secret. A rank started by an operator on another node has none: its own host's settings then."""
         authkey = bytes.fromhex(os.environ.pop(POOL_SECRET_VARIABLE, ""))

@@ -136,7 +136,7 @@ class Shape:
         return f"{self.width}x{self.height}"
 
     @staticmethod
-    def parse(text: str) -> "Shape | None":
+    def parse(text: str) -> Shape | None:
         """The shape written as WxH, or None when the text is not of that form."""
         match = _SIZE.match(str(text))
         return Shape(int(match[1]), int(match[2])) if match else None
@@ -159,11 +159,11 @@ class DeviceSet:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def overlaps(self, other: "DeviceSet") -> bool:
+    def overlaps(self, other: DeviceSet) -> bool:
         return self.hardware == other.hardware and bool(set(self.indices) & set(other.indices))
 
     @staticmethod
-    def parse(text: str) -> "DeviceSet | None":
+    def parse(text: str) -> DeviceSet | None:
         """`hw:i`, `hw:i-j` or `hw:i,j,...` as a device set; None when the text is not of that form."""
         match = _DEVICES.match(str(text))
         if not match:
@@ -359,19 +359,19 @@ class Request:
             edit = (self.edit.method, self.edit.strength, len(self.edit.images), digest)
         return (*self.batch_key, self.prompt, self.seed, self.num_images, edit)
 
-    def key(self, devices: DeviceSet) -> "PipelineKey":
+    def key(self, devices: DeviceSet) -> PipelineKey:
         """The pipeline that runs this request on `devices`."""
         return PipelineKey(self.model, self.hardware, self.mode, self.placement, self.tp_size, devices,
                            self.quantization, self.cp_size)
 
-    def members(self) -> list["Request"]:
+    def members(self) -> list[Request]:
         """One request per image, each with its own seed: how the engine runs the images of a request (each is the
         image its seed gives alone)."""
         if self.num_images == 1:
             return [self]
         return [replace(self, seed=seed, num_images=1) for seed in self.seeds]
 
-    def at(self, shape: Shape, steps: int | None = None) -> "Request":
+    def at(self, shape: Shape, steps: int | None = None) -> Request:
         """The same request at another of the model's shapes (a warm-up's), already checked against the model."""
         return replace(self, shape=shape, steps=self.steps if steps is None else steps)
 
@@ -397,7 +397,7 @@ class Batch:
             raise ValueError(f"a batch of {self.images} images cannot be drawn at size {self.size}")
 
     @staticmethod
-    def of(request: "Request | Batch") -> "Batch":
+    def of(request: Request | Batch) -> Batch:
         return request if isinstance(request, Batch) else Batch((request,))
 
     @property
@@ -577,7 +577,7 @@ class GenerateResult:
     unknown_words: tuple[str, ...] = ()
     note: str = ""
     # For a request of several images: each image's own result, in order.
-    parts: tuple["GenerateResult", ...] = ()
+    parts: tuple[GenerateResult, ...] = ()
     # The host that drew it (on a Ray cluster: host name/Ray node id), beside `device`.
     node: str = ""
     # Requests drawn in the same pipeline call, this one included, and that call's serial number (results of one
@@ -595,7 +595,7 @@ class GenerateResult:
         return self.images[0]
 
     @staticmethod
-    def of_images(request: Request, parts: list["GenerateResult"]) -> "GenerateResult":
+    def of_images(request: Request, parts: list[GenerateResult]) -> GenerateResult:
         """The result of a request of several images from each image's: the images in order, the slowest image's
         times, graphs and compile seconds summed, warm when every image was."""
         if len(parts) == 1 and parts[0].request is request:

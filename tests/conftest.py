@@ -76,7 +76,7 @@ def server(tmp_path_factory):
         except OSError:
             if process.poll() is not None or time.time() > deadline:
                 process.kill()
-                raise RuntimeError("server did not start:\n" + log_path.read_text()[-3000:])
+                raise RuntimeError("server did not start:\n" + log_path.read_text()[-3000:]) from None
             time.sleep(0.5)
     yield url
     process.terminate()

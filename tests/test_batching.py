@@ -14,7 +14,7 @@ from acceldemo.errors import Cancelled
 from acceldemo.hardware.base import Availability, GiB
 from acceldemo.hardware.neuron import NeuronHardware
 from acceldemo.models.catalog import get_model
-from acceldemo.records import (Batch, DeviceSet, GenerateParams, Mode, Phase, Placement, Request, RunOutput, Shape)
+from acceldemo.records import Batch, DeviceSet, GenerateParams, Mode, Phase, Placement, Request, RunOutput, Shape
 from tests.engines import DeviceHolder
 
 PROMPTS = ("a red circle on a blue background", "a green square, top left", "blue triangle, lower right",

@@ -147,9 +147,9 @@ def test_a_missing_repository_is_named(hub, tmp_path):
 
 def test_the_disk_is_checked_before_any_byte_is_fetched(monkeypatch, tmp_path):
     import huggingface_hub
+    from huggingface_hub.file_download import DryRunFileInfo
 
     from acceldemo.models import download
-    from huggingface_hub.file_download import DryRunFileInfo
 
     calls = []
 

@@ -170,14 +170,15 @@ def test_a_compile_failure_marks_only_that_shape_failed(fresh_manager, monkeypat
 
 @pytest.mark.slow
 def test_compiled_output_equals_eager_on_every_tiny_family():
+    import torch
+    import torch._dynamo
+
     from acceldemo.config import Settings
     from acceldemo.executors.recipe import apply_recipe, recompile_limits
     from acceldemo.hardware import HardwareRegistry
     from acceldemo.models.catalog import CATALOG
     from acceldemo.models.loading import load_pipeline
     from acceldemo.records import Placement
-    import torch
-    import torch._dynamo
 
     settings = Settings.from_env()
     cpu = HardwareRegistry(settings).get("cpu")

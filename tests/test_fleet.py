@@ -16,8 +16,8 @@ from acceldemo.bench.fleet import in_private_network_command, private_network_re
 from acceldemo.builder import build_engine
 from acceldemo.config import Settings
 from acceldemo.engine import ReplicaView
-from acceldemo.errors import InvalidRequest, QueueFull, ReplicaLost
 from acceldemo.engine.stats import Outcome
+from acceldemo.errors import InvalidRequest, QueueFull, ReplicaLost
 from acceldemo.records import GenerateParams, Phase, Progress
 from tests.engines import new_manager
 

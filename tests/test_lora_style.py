@@ -5,8 +5,6 @@ held-out captions (scenes training never drew, in either style), judged by `judg
 """
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 import pytest
 import torch

@@ -18,11 +18,21 @@ import pytest
 from PIL import Image
 
 from acceldemo.config import Settings
-from acceldemo.errors import (Cancelled, CapacityExceeded, DeviceBusy, GenerationFailed, HardwareUnavailable,
-                              ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination)
+from acceldemo.errors import (
+    Cancelled,
+    CapacityExceeded,
+    DeviceBusy,
+    GenerationFailed,
+    HardwareUnavailable,
+    ModelUnavailable,
+    QueueFull,
+    UnknownName,
+    UnsupportedCombination,
+)
 from acceldemo.models.catalog import CATALOG, get_model
 from acceldemo.models.loading import model_availability
-from acceldemo.models.shapes import SIZES as SHAPES_SIZES, TRAINED_SIZES as TRAINED_SHAPES_SIZES
+from acceldemo.models.shapes import SIZES as SHAPES_SIZES
+from acceldemo.models.shapes import TRAINED_SIZES as TRAINED_SHAPES_SIZES
 from acceldemo.records import Shape
 from acceldemo.ui.openai_api import ImageStore, api_error
 from acceldemo.ui.server import create_app

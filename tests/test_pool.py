@@ -28,8 +28,18 @@ from acceldemo.executors.recipe import run_pipeline
 from acceldemo.executors.worker import Run
 from acceldemo.hardware import HardwareRegistry
 from acceldemo.models.catalog import get_model
-from acceldemo.records import Batch, DeviceSet, GenerateParams, Phase, PipelineKey, Placement, Request, RunOutput, Shape, \
-    no_progress
+from acceldemo.records import (
+    Batch,
+    DeviceSet,
+    GenerateParams,
+    Phase,
+    PipelineKey,
+    Placement,
+    Request,
+    RunOutput,
+    Shape,
+    no_progress,
+)
 from tests.engines import processes_started_by
 
 REPO = Path(__file__).resolve().parents[1]

@@ -72,7 +72,7 @@ def test_heads_widths_and_tokens_agree_between_the_configs_and_the_catalog():
             assert transformer["in_channels"] == vae["latent_channels"] and transformer["patch_size"] == 2
         texts = {c: real_configs.component_config(name, c) for c in real_configs.components(name)
                  if c.startswith("text_encoder")}
-        for component, config in texts.items():
+        for component in texts:
             heads, kv = real_configs.attention_heads(name, component)
             if component in spec.tp_components:
                 assert spec.shard_heads[component] == (heads, kv)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import diffusers
 import numpy as np
 import pytest
-import diffusers
 import torch
 from diffusers import DiffusionPipeline
 from PIL import Image

@@ -13,8 +13,8 @@ import tempfile
 import torch
 
 from acceldemo.config import Settings
-from acceldemo.models.catalog import CATALOG
 from acceldemo.files import write_atomically
+from acceldemo.models.catalog import CATALOG
 from acceldemo.models.latent_rgb import SHIPPED, fit, unpack
 from acceldemo.models.loading import load_pipeline
 

@@ -1,7 +1,7 @@
 """Section 13: what each acceleration choice buys, side by side in one run — TaylorSeer ÷ no step cache on
-tiny-shapes at 128x128 (28 steps, and the model's own 4; eager and compiled), int8 weights ÷ the model's own, and a repeated
-request answered from the exact-result cache ÷ drawn. Each pair draws the same held-out captions at the same seeds:
-the speed ratio is run by run, the pictures' mean difference is measured, and the model's own judge
+tiny-shapes at 128x128 (28 steps, and the model's own 4; eager and compiled), int8 weights ÷ the model's own, and a
+repeated request answered from the exact-result cache ÷ drawn. Each pair draws the same held-out captions at the same
+seeds: the speed ratio is run by run, the pictures' mean difference is measured, and the model's own judge
 (`training.shapes.score`, run as a program: the app does not import the training code) reads every picture back.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _score(*args: str) -> object:
 class _Pair:
     """One configuration against another on the same prompts and seeds: times run by run, the pictures kept."""
 
-    def __init__(self, bench: "InProcessBench", prompts: list[str], base: dict, other: dict):
+    def __init__(self, bench: InProcessBench, prompts: list[str], base: dict, other: dict):
         self.bench, self.prompts = bench, prompts
         self.requests = [[bench.engine.check(GenerateParams(prompt=prompt, model=MODEL, hardware=bench.options.hardware,
                                                             placement="device", resolution=SHAPE, seed=i,
@@ -83,7 +83,7 @@ class _Pair:
                 image.save(folder / name / f"{i}.png")
 
 
-def acceleration(bench: "InProcessBench") -> list[Figure]:
+def acceleration(bench: InProcessBench) -> list[Figure]:
     plan = bench.plan.name
     captions = _score("captions", str(CAPTIONS[plan]))
     prompts = [c["text"] for c in captions] if captions else \
@@ -157,7 +157,7 @@ def _judged(scored: dict | None, judged_sets: dict[str, tuple[str, str, str]], c
     return figures
 
 
-def _result_cache(bench: "InProcessBench") -> list[Figure]:
+def _result_cache(bench: InProcessBench) -> list[Figure]:
     """A repeated request answered from the exact-result cache ÷ the same request drawn (a new seed each run)."""
     from ..builder import build_engine
 

@@ -1,10 +1,9 @@
 """The benchmark's records (a spread of runs, one reported figure with its target) and interleaved timing."""
 from __future__ import annotations
 
-import sys
-
 import operator
 import statistics
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -21,7 +20,7 @@ class Spread:
     runs: int
 
     @staticmethod
-    def of(values: Iterable[float]) -> "Spread":
+    def of(values: Iterable[float]) -> Spread:
         values = [float(v) for v in values]
         if not values:
             raise ValueError("a spread needs at least one run")
@@ -80,7 +79,7 @@ class Figure:
         return data
 
     @staticmethod
-    def from_dict(data: dict) -> "Figure":
+    def from_dict(data: dict) -> Figure:
         """A figure back from `as_dict` (one measured in a child process)."""
         target = data.get("target")
         op, _, bound = target.partition(" ") if target else ("", "", "")

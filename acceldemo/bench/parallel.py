@@ -24,7 +24,7 @@ RUNS = {"full": 10, "quick": 4, "smoke": 1}
 SMOKE_CASES = (("tiny-sd3", Placement.CFG, Shape(128, 128), 4), ("tiny-flux2-klein", Placement.CP, Shape(128, 128), 4))
 
 
-def cfg_ceiling(bench: "InProcessBench", request, runs: int) -> Spread:
+def cfg_ceiling(bench: InProcessBench, request, runs: int) -> Spread:
     """The most cfg over 2 ranks could buy here if its collectives cost nothing (Amdahl's bound, measured in this
     process, one thread): a guided call's seconds ÷ the same call with each transformer call's batch-2 seconds
     replaced by the seconds of the batch-1 call one rank would make. The text encoders, the scheduler and the VAE run
@@ -62,7 +62,7 @@ def cfg_ceiling(bench: "InProcessBench", request, runs: int) -> Spread:
     return Spread.of(bounds[1:])
 
 
-def parallel(bench: "InProcessBench") -> list[Figure]:
+def parallel(bench: InProcessBench) -> list[Figure]:
     from ..executors.pool import PoolExecutor
 
     figures = []

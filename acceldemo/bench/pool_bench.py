@@ -76,7 +76,8 @@ def measure_pool(bench, pools: WarmPools | str) -> list[Figure]:
         return [_not_measured("pool_overhead_1_rank", f"{POOL_MISSING}: {pools.refused.get(1)}")]
     request = pools.request
     bench.engine.generate(request)
-    local = next(p for k, p in bench.executor.loaded.items() if k.mode == request.mode and k.placement is Placement.DEVICE)
+    local = next(p for k, p in bench.executor.loaded.items()
+                 if k.mode == request.mode and k.placement is Placement.DEVICE)
     inside: dict[int, list[float]] = {size: [] for size in pools.SIZES}  # rank 0's own seconds of each call
 
     def timed(loaded, req):

@@ -18,7 +18,7 @@ CALLS_PER_RUN = 5
 CASES = (("tiny-shapes", "eager", Shape(64, 64)), ("tiny-flux2-klein", "compiled", Shape(128, 128)))
 
 
-def previews(bench: "InProcessBench") -> list[Figure]:
+def previews(bench: InProcessBench) -> list[Figure]:
     figures = []
     for model, mode, shape in CASES:
         def request(with_previews: bool):

@@ -78,8 +78,8 @@ PLANS = {
                   notes=("--quick: the in-process compiled sections (1, 4, 5, 6) use the aot_eager backend, which "
                          "traces like inductor but runs at eager speed: compile seconds and graph counts are "
                          "real, compiled-vs-eager latencies are not; the full run uses inductor. Restart (3) "
-                         "uses inductor (AOTInductor packages), one cold start and one restart. Revisits (6) use 12 shapes over 4 "
-                         "graphs (the full run: 12 graphs). Serving (7) runs eager.",)),
+                         "uses inductor (AOTInductor packages), one cold start and one restart. Revisits (6) use "
+                         "12 shapes over 4 graphs (the full run: 12 graphs). Serving (7) runs eager.",)),
     "smoke": Plan("smoke", "eager", overhead_pairs=3, shapes=_shapes("64x64"), latency_runs=2,
                   revisit_shapes=_shapes("64x64", "64x128", "128x64"), compile_runs=1, warm_runs=2,
                   restart_backend="eager", cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=2,

@@ -77,7 +77,7 @@ def scene_png() -> bytes:
     return buffer.getvalue()
 
 
-def styles(bench: "InProcessBench") -> list[Figure]:
+def styles(bench: InProcessBench) -> list[Figure]:
     rounds, edit_runs = ROUNDS.get(bench.plan.name, 6), EDIT_RUNS.get(bench.plan.name, 5)
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="acceldemo-bench-styles-") as folder:
@@ -93,7 +93,7 @@ def styles(bench: "InProcessBench") -> list[Figure]:
     return figures
 
 
-def _mode_figures(bench: "InProcessBench", mode: str, picture: bytes, rounds: int, edit_runs: int) -> list[Figure]:
+def _mode_figures(bench: InProcessBench, mode: str, picture: bytes, rounds: int, edit_runs: int) -> list[Figure]:
     engine = bench.engine
 
     def request(lora=None, scale=None, image=None, strength=None):
@@ -122,7 +122,7 @@ def _mode_figures(bench: "InProcessBench", mode: str, picture: bytes, rounds: in
     warm_s, switch_s, by_kind = [], [], {"file": [], "strength": []}
     held = len(switches) - 1  # the warm-up's last style call
     engine.generate(switches[held])
-    for turn in range(rounds):
+    for _ in range(rounds):
         warm_s.append(statistics.median(timed(switches[held]) for _ in range(WARM_PER_SWITCH)))
         following = (held + 1) % len(switches)
         switch_s.append(timed(switches[following]))

@@ -47,8 +47,8 @@ class Ticket:
     started: float | None = None
     sharing: Sharing | None = None
     payload: object = None  # what its owner needs to run it in a shared call (the engine's `Member`)
-    leader: "Ticket | None" = None
-    riders: list["Ticket"] = field(default_factory=list)
+    leader: Ticket | None = None
+    riders: list[Ticket] = field(default_factory=list)
     outcome: Future = field(default_factory=Future)
 
     @property

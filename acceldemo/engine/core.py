@@ -26,8 +26,21 @@ from ..models.catalog import CATALOG, get_model
 from ..models.download import Downloads
 from ..models.loading import model_availability
 from ..models.loras import model_loras
-from ..records import (Batch, DeviceSet, GenerateParams, GenerateResult, Phase, Placement, Progress,
-                       ProgressCallback, Quantization, ReplicaState, Request, Shape, no_progress)
+from ..records import (
+    Batch,
+    DeviceSet,
+    GenerateParams,
+    GenerateResult,
+    Phase,
+    Placement,
+    Progress,
+    ProgressCallback,
+    Quantization,
+    ReplicaState,
+    Request,
+    Shape,
+    no_progress,
+)
 from .admission import Line, Sharing, Ticket
 from .batching import BatchPolicy, Member, together
 from .compare import Comparison, check_pair, second_side
@@ -39,10 +52,27 @@ from .residency import Residency
 from .results import ResultCache
 from .stats import EngineStats, Kind, Outcome, outcome_of
 from .supervision import Replica, Supervisor
-from .validation import (check_request, check_shape, local_devices, mode_options, parse_resolution,
-                         propose_placement, tensor_parallel_options)
-from .views import (Description, DeviceView, HardwareView, ModelView, Offer, PipelineView, ReplicaView, Snapshot,
-                    Startup, StartupState)
+from .validation import (
+    check_request,
+    check_shape,
+    local_devices,
+    mode_options,
+    parse_resolution,
+    propose_placement,
+    tensor_parallel_options,
+)
+from .views import (
+    Description,
+    DeviceView,
+    HardwareView,
+    ModelView,
+    Offer,
+    PipelineView,
+    ReplicaView,
+    Snapshot,
+    Startup,
+    StartupState,
+)
 
 log = logging.getLogger("acceldemo.engine")
 

@@ -11,8 +11,17 @@ from ..hardware import ADAPTERS, Hardware, HostKind, host_kinds
 from ..models.caches import component_bytes_at
 from ..models.catalog import ModelSpec
 from ..records import CFG_RANKS, Mode, Placement, Quantization, Shape, placement_label
-from .validation import (Option, PlacementProposal, check_cfg_parallel, context_parallel_degrees, held_bytes,
-                         mode_options, propose_placement, tensor_parallel_options, whole_weights_refusal)
+from .validation import (
+    Option,
+    PlacementProposal,
+    check_cfg_parallel,
+    context_parallel_degrees,
+    held_bytes,
+    mode_options,
+    propose_placement,
+    tensor_parallel_options,
+    whole_weights_refusal,
+)
 
 GiB = 1024**3
 # The mode a plan recommends: the first the placement allows.

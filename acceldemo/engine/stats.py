@@ -7,8 +7,14 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ..errors import (Cancelled, CapacityExceeded, HardwareUnavailable, InvalidRequest, ModelUnavailable,
-                      UnsupportedCombination)
+from ..errors import (
+    Cancelled,
+    CapacityExceeded,
+    HardwareUnavailable,
+    InvalidRequest,
+    ModelUnavailable,
+    UnsupportedCombination,
+)
 from ..records import GenerateResult
 
 

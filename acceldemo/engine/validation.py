@@ -14,8 +14,18 @@ from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode
 from ..models.caches import AUTO, NONE, STEP_CACHE_CHOICES, cache_refusal, component_bytes_at
 from ..models.catalog import QUALITIES, ModelSpec, get_model
 from ..models.loras import model_loras
-from ..records import (CFG_RANKS, DeviceSet, GenerateParams, Mode, Placement, Quantization, Request, Shape,
-                       StepCache, world_size)
+from ..records import (
+    CFG_RANKS,
+    DeviceSet,
+    GenerateParams,
+    Mode,
+    Placement,
+    Quantization,
+    Request,
+    Shape,
+    StepCache,
+    world_size,
+)
 from .pictures import check_edit
 
 MAX_PROMPT_CHARS = 2000

@@ -60,7 +60,7 @@ class ArtifactStore:
         return {event: self.events[event] for event in EVENTS}
 
     @classmethod
-    def of(cls, settings) -> "ArtifactStore":
+    def of(cls, settings) -> ArtifactStore:
         """The app's store, in its persistent cache dir, with the shared store behind it when one is set."""
         remote = RemoteArtifacts.shared(settings.artifacts, settings.artifacts_options) if settings.artifacts else None
         return cls(settings.cache_dir / "aoti", remote)
@@ -287,7 +287,7 @@ class PrecompiledTransformer:
 
     @classmethod
     def install(cls, pipe, store: ArtifactStore, model: str, hardware,
-                placement: str = "device") -> "PrecompiledTransformer":
+                placement: str = "device") -> PrecompiledTransformer:
         precompiled = cls(pipe.transformer, store, model, hardware, placement)
         pipe.transformer.forward = precompiled
         return precompiled

@@ -34,8 +34,7 @@ from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
 from ..records import Batch, DeviceSet, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
-from .worker import (Broken, Cancel, Command, Done, Failed, Load, RankInfo, Reported, Run, Shutdown, Status,
-                     Unload)
+from .worker import Broken, Cancel, Command, Done, Failed, Load, RankInfo, Reported, Run, Shutdown, Status, Unload
 
 log = logging.getLogger("acceldemo.pool")
 
@@ -129,8 +128,9 @@ class _Pool:
                                                      f"{self.proc.returncode}): {self._log_tail()}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise ReplicaLost(str(self.devices), f"the {self.name} did not come up within "
-                                                     f"{self.timeout_s():.0f} s ({TIMEOUT_SETTING}): {self._log_tail()}")
+                raise ReplicaLost(str(self.devices),
+                                  f"the {self.name} did not come up within {self.timeout_s():.0f} s "
+                                  f"({TIMEOUT_SETTING}): {self._log_tail()}")
             if os.path.exists(address):
                 try:
                     return Client(address, family="AF_UNIX", authkey=authkey)
@@ -260,7 +260,7 @@ class PoolPipeline:
 
     _serial = itertools.count(1)
 
-    def __init__(self, executor: "PoolExecutor", key: PipelineKey, spec: ModelSpec):
+    def __init__(self, executor: PoolExecutor, key: PipelineKey, spec: ModelSpec):
         self.executor, self.key, self.spec = executor, key, spec
         self.id = f"{key} #{next(self._serial)}"
         self.pool: _Pool | None = None
@@ -423,7 +423,7 @@ def _is_rank_process(pid: int, folder: str | None) -> bool:
         return False
 
 
-_LIVE: "weakref.WeakSet[_Pool]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[_Pool] = weakref.WeakSet()
 
 
 @atexit.register

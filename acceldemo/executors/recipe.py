@@ -166,7 +166,7 @@ class _CompileMeter:
         return (counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ())),
                 hits)
 
-    def __enter__(self) -> "_CompileMeter":
+    def __enter__(self) -> _CompileMeter:
         if self.precompiled is not None:
             self.precompiled.events = Counter()
         self._start = self._read()

@@ -81,7 +81,7 @@ class RemoteArtifacts:
     """One store URL, reached through fsspec (s3fs, gcsfs, huggingface_hub's HfFileSystem, a local folder), with
     what this process has seen of it: counts of fetches and publications, and the current outage if any."""
 
-    _shared: dict[str, "RemoteArtifacts"] = {}
+    _shared: dict[str, RemoteArtifacts] = {}
     _shared_lock = threading.Lock()
 
     def __init__(self, url: str, options: dict | None = None):
@@ -96,7 +96,7 @@ class RemoteArtifacts:
         self._lock = threading.Lock()
 
     @classmethod
-    def shared(cls, url: str, options: dict | None = None) -> "RemoteArtifacts":
+    def shared(cls, url: str, options: dict | None = None) -> RemoteArtifacts:
         """The process's one client of a store (the engine and its in-process executor see the same outage)."""
         key = json.dumps([url, options or {}], sort_keys=True, default=str)
         with cls._shared_lock:

@@ -134,7 +134,7 @@ class _BlockCount:
 
 
 @contextlib.contextmanager
-def step_cache(pipe, called, request: Request) -> Iterator["CacheReport"]:
+def step_cache(pipe, called, request: Request) -> Iterator[CacheReport]:
     """The request's step cache on `pipe`'s transformer for one call of `called` (`pipe`, or a pipeline made from it
     for an edit), every state fresh; yields what it did, filled in when the call ends."""
     seam = install_seam(pipe)

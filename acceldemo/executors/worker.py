@@ -33,8 +33,7 @@ import numpy as np
 from ..config import PoolLaunch, Settings
 from ..errors import describe_error
 from ..models.catalog import ModelSpec
-from ..records import Batch, DeviceSet, Phase, PipelineKey, Placement, Progress, RunOutput, no_progress, \
-    placement_label
+from ..records import Batch, DeviceSet, Phase, PipelineKey, Placement, Progress, RunOutput, no_progress, placement_label
 
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
@@ -427,7 +426,7 @@ class _CollectivesTimed(contextlib.AbstractContextManager):
 
     BACKENDS = ("gloo:", "nccl:", "xla:", "neuron:")
 
-    def __enter__(self) -> "_CollectivesTimed":
+    def __enter__(self) -> _CollectivesTimed:
         from torch.profiler import ProfilerActivity, profile
 
         self.seconds = 0.0

@@ -15,12 +15,11 @@ from pathlib import Path
 from ..builder import build_engine
 from ..config import Settings
 from ..engine import CompiledShape, Engine, ReplicaView
-from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull, ReplicaLost
 from ..engine.validation import propose_placement
+from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull, ReplicaLost
 from ..hardware import ADAPTERS, Availability, HardwareRegistry
 from ..models.catalog import get_model
-from ..records import (DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request,
-                       Shape)
+from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request, Shape
 
 log = logging.getLogger("acceldemo.fleet")
 APP = "acceldemo"

@@ -20,7 +20,6 @@ from ..errors import AcceldemoError, GenerationFailed
 from ..hardware import prepare_process
 from ..records import GenerateResult, Request, placement_label
 
-
 _DONE = object()  # the engine's job has its outcome
 
 

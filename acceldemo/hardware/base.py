@@ -19,7 +19,7 @@ from ..records import COMPILED_MODES, DeviceSet, Mode, Quantization
 
 GiB = 1024**3
 # Probe answers of this process, by adapter class and probe (see Hardware._probe).
-_PROBED: dict[tuple[type, str], "Availability"] = {}
+_PROBED: dict[tuple[type, str], Availability] = {}
 _PROBING: dict[tuple[type, str], threading.Lock] = {}
 _PROBED_LOCK = threading.Lock()
 

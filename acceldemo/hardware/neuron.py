@@ -55,7 +55,8 @@ return {'available': True, 'reason': f'{n} NeuronCores', 'device_count': n}
     def _precheck(self) -> Availability | None:
         missing = super()._precheck()
         if missing:
-            return Availability(False, missing.reason + " (it comes from AWS's Neuron pip repository; see requirements-neuron.txt)")
+            return Availability(False, missing.reason
+                                + " (it comes from AWS's Neuron pip repository; see requirements-neuron.txt)")
         if not glob.glob("/dev/neuron*"):
             return Availability(False, "no /dev/neuron* device")
         return None

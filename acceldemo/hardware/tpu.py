@@ -92,7 +92,8 @@ return {{'available': True, 'reason': f'{{n}} x {{chip.name}}', 'device_count': 
 
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
         if accelerator is None or accelerator.type != "tpu":
-            raise HardwareUnavailable(self.name, "torch_tpu's loader (its torch.backends entry point) found no TPU chip")
+            raise HardwareUnavailable(self.name,
+                                      "torch_tpu's loader (its torch.backends entry point) found no TPU chip")
 
     def mode_context(self, mode: Mode) -> contextlib.AbstractContextManager:
         import torch
@@ -158,7 +159,9 @@ def libtpu_problem() -> str | None:
     """
     path = os.environ.get("TPU_LIBRARY_PATH")
     if path:
-        return None if os.path.isfile(path) else f"TPU_LIBRARY_PATH={path} is not a file (torch_tpu loads libtpu from it)"
+        if os.path.isfile(path):
+            return None
+        return f"TPU_LIBRARY_PATH={path} is not a file (torch_tpu loads libtpu from it)"
     if importlib.util.find_spec("libtpu") is None:
         return "torch_tpu is installed but libtpu is missing: install libtpu, or set TPU_LIBRARY_PATH to a libtpu.so"
     return None

@@ -110,7 +110,7 @@ class CacheAdvice:
         return {"cache": str(self.cache) if self.cache else NONE, "from_steps": self.from_steps, "why": self.why}
 
 
-def cache_refusal(spec: "ModelSpec", cache: StepCache) -> str | None:
+def cache_refusal(spec: ModelSpec, cache: StepCache) -> str | None:
     """Why the model cannot run this cache (None: it offers a preset for it)."""
     if cache in spec.step_caches:
         return None
@@ -123,7 +123,7 @@ def cache_refusal(spec: "ModelSpec", cache: StepCache) -> str | None:
     return f"{spec.name} states no preset for it"
 
 
-def step_cache_views(spec: "ModelSpec") -> tuple[dict, ...]:
+def step_cache_views(spec: ModelSpec) -> tuple[dict, ...]:
     """Every step cache as the model offers it (its preset; `eager_only` where diffusers' hooks sit inside the
     transformer) or with why it is refused."""
     views = []
@@ -172,7 +172,7 @@ QUANTIZATION_QUALITY: dict[Quantization, str] = {
 }
 
 
-def component_bytes_at(spec: "ModelSpec", quantization: Quantization) -> dict[str, int]:
+def component_bytes_at(spec: ModelSpec, quantization: Quantization) -> dict[str, int]:
     """The model's weight bytes per component when its transformer and text encoders are quantized."""
     per = quantization.bytes_per_weight
     if per is None:

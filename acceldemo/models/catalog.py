@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ..errors import UnknownName
 from ..records import Shape
 from . import real_configs
-from .caches import (FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer)
+from .caches import FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
 from .shapes import SIZES as SHAPES_SIZES
 from .shapes import phrasing as shapes_phrasing
@@ -185,7 +185,8 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **_CP, name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
         pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
         step_caches=_FLUX2_CACHES,
-        max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
+        max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"),
+        shard_heads=_TINY_HEADS,
         description="A FLUX.2-klein-family model trained here to draw one coloured shape on a background at "
                     f"{', '.join(str(Shape(*size)) for size in SHAPES_SIZES)}, from captions such as "
                     "'a red circle on a blue background, top left', 'green disc, upper right' or 'a square'. "

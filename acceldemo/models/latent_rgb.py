@@ -43,7 +43,7 @@ class LatentRGB:
                 "error": self.error}
 
     @staticmethod
-    def of_json(data: dict) -> "LatentRGB":
+    def of_json(data: dict) -> LatentRGB:
         return LatentRGB(tuple(tuple(row) for row in data["weights"]), tuple(data["bias"]), data["vae"],
                          data.get("error", 0.0))
 

@@ -109,7 +109,7 @@ def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantizatio
                 components["quantization_config"] = quantization_config(spec, source, quantization)
             return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,
                                                   **components)
-    except (OSError, EnvironmentError) as error:
+    except OSError as error:
         hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
         raise ModelUnavailable(
             f"model {spec.name!r} ({spec.repo}) is not on this host: not under ACCELDEMO_MODEL_DIR "

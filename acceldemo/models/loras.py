@@ -1,5 +1,6 @@
-"""LoRA styles a model offers: the ones it ships with and the operator's (ACCELDEMO_LORA_DIR/<model>/<name>.safetensors),
-each read once for what hot-swapping needs (its rank and the layers it changes), never for more."""
+"""LoRA styles a model offers: the ones it ships with and the operator's
+(ACCELDEMO_LORA_DIR/<model>/<name>.safetensors), each read once for what hot-swapping needs (its rank and the layers
+it changes), never for more."""
 from __future__ import annotations
 
 import logging

@@ -223,7 +223,8 @@ def _flux2_transformer(joint_attention_dim: int, guidance_embeds: bool) -> Flux2
 
 
 def flux2_scheduler() -> FlowMatchEulerDiscreteScheduler:
-    """FLUX.2's own scheduler config (shared by the trained shapes model): the pipelines pass an image-size dependent mu."""
+    """FLUX.2's own scheduler config (shared by the trained shapes model): the pipelines pass an image-size dependent
+    mu."""
     return FlowMatchEulerDiscreteScheduler(
         shift=3.0,
         use_dynamic_shifting=True,

@@ -25,8 +25,19 @@ from starlette.exceptions import HTTPException
 
 from ..engine import MAX_IMAGES, Engine, ModelView
 from ..engine.pictures import MAX_IMAGE_BYTES
-from ..errors import (AcceldemoError, Cancelled, CapacityExceeded, DeviceBusy, HardwareUnavailable, InvalidRequest,
-                      ModelUnavailable, QueueFull, UnknownName, UnsupportedCombination, describe_error)
+from ..errors import (
+    AcceldemoError,
+    Cancelled,
+    CapacityExceeded,
+    DeviceBusy,
+    HardwareUnavailable,
+    InvalidRequest,
+    ModelUnavailable,
+    QueueFull,
+    UnknownName,
+    UnsupportedCombination,
+    describe_error,
+)
 from ..models.catalog import CATALOG
 from ..records import GenerateParams, GenerateResult, Progress
 from ..records import Request as EngineRequest
@@ -530,7 +541,8 @@ def _fact_headers(result: GenerateResult) -> dict[str, str]:
     """The request's facts at a glance (curl -i, proxies' logs)."""
     facts = result.facts()
     return {"X-Acceldemo-Model": result.request.model, "X-Acceldemo-Device": facts["device"],
-            "X-Acceldemo-Seconds": f"{result.seconds:.4f}", "X-Acceldemo-Compile-Seconds": f"{result.compile_seconds:.4f}",
+            "X-Acceldemo-Seconds": f"{result.seconds:.4f}",
+            "X-Acceldemo-Compile-Seconds": f"{result.compile_seconds:.4f}",
             "X-Acceldemo-New-Graphs": str(result.new_graphs), "X-Acceldemo-Warm": "true" if result.warm else "false"}
 
 

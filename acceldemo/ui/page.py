@@ -14,14 +14,14 @@ import gradio as gr
 import pandas as pd
 
 from ..engine import Description, Engine, ModelView, Offer, Snapshot, as_json, together
+from ..engine.compare import Comparison
 from ..engine.pictures import DEFAULT_STRENGTH
 from ..errors import AcceldemoError
+from ..executors.recipe import BUCKETS
 from ..hardware import all_modes, host_kinds
-from ..engine.compare import Comparison
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
 from ..records import EditInput, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
-from ..executors.recipe import BUCKETS
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -29,7 +29,8 @@ AUTO = "auto"
 NO_STYLE = "none"
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "batch", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
-REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts", "devices"]
+REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts",
+                   "devices"]
 STOPPED = "**Stopped.** A running job ends at its next denoise step, which frees the device."
 NOTHING_TO_STOP = "Nothing to stop: no job of this page is running."
 # ColorBrewer hue pairs, one per mode in the hardware registry's order (cycled if there are more modes): the middle

@@ -16,8 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import config
-from ..config import Settings
 from ..builder import build_engine
+from ..config import Settings
 from ..engine import Engine, as_json, parse_resolution
 from ..errors import AcceldemoError, InvalidRequest
 from ..records import Shape

@@ -195,8 +195,8 @@ def draw_grid(model_dir: Path, out: Path, prompts: Sequence[str] = EXAMPLE_PROMP
     label_width, pad, header = 330, 12, 28
     cell_width = max(width for width, _ in SIZES) * scale
     cell_height = max(height for _, height in SIZES) * scale
-    grid = Image.new("RGB", (label_width + len(SIZES) * (cell_width + pad), header + len(prompts) * (cell_height + pad)),
-                     "white")
+    grid = Image.new("RGB", (label_width + len(SIZES) * (cell_width + pad),
+                             header + len(prompts) * (cell_height + pad)), "white")
     draw = ImageDraw.Draw(grid)
     for column, (width, height) in enumerate(SIZES):
         draw.text((label_width + column * (cell_width + pad), 8), f"{width}x{height}", fill="black")

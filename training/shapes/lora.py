@@ -60,7 +60,8 @@ LORA_PLAN = replace(
 def target_modules(transformer: torch.nn.Module) -> list[str]:
     """Full names of the block linears the LoRA adapts (`DOUBLE_BLOCK_LINEARS`, `SINGLE_BLOCK_LINEARS`)."""
     names = []
-    for kind, linears in (("transformer_blocks", DOUBLE_BLOCK_LINEARS), ("single_transformer_blocks", SINGLE_BLOCK_LINEARS)):
+    blocks = (("transformer_blocks", DOUBLE_BLOCK_LINEARS), ("single_transformer_blocks", SINGLE_BLOCK_LINEARS))
+    for kind, linears in blocks:
         for index in range(len(getattr(transformer, kind))):
             names.extend(f"{kind}.{index}.{linear}" for linear in linears)
     return names

@@ -16,8 +16,8 @@ Four phases, all seeded:
    size, the sizes in turn; each image gets a fresh caption in a random phrasing family
    (never a held-out one, nor one whose completed scene is held out: `dataset.is_trained_on`),
    encoded by the now frozen text encoder on the spot, paired with a drawing of the scene it
-   asks for, completed by the defaults where it leaves parts out (`dataset.scene_drawn_for`). Text is cut to a random length
-   per batch (an exact cut: the encoder is causal and pads on the right), so the model
+   asks for, completed by the defaults where it leaves parts out (`dataset.scene_drawn_for`). Text is cut to a random
+   length per batch (an exact cut: the encoder is causal and pads on the right), so the model
    serves any max_sequence_length from the prompt's length up to 512.
 
 `--text-and-vae-from DIR` keeps a saved pipeline's tokenizer, text encoder and VAE (phases 0 and 1
@@ -225,7 +225,8 @@ def encode_latent_pools(
     mean = bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps)
     return [
-        LatentPool(width, height, Flux2KleinPipeline._pack_latents((p - mean) / std), weights, plan.latent_pool_per_scene)
+        LatentPool(width, height, Flux2KleinPipeline._pack_latents((p - mean) / std), weights,
+                   plan.latent_pool_per_scene)
         for (width, height), p, weights in zip(SIZES, patchified, token_weights, strict=True)
     ]
 
@@ -240,7 +241,8 @@ def _chat_text(pipe: Flux2KleinPipeline, caption: str) -> str:
 def encode_captions(pipe: Flux2KleinPipeline, captions: list[str], slack: int) -> torch.Tensor:
     """Prompt embeddings cut to the longest caption's token count plus `slack` pads (at most 512)."""
     longest = max(len(pipe.tokenizer(_chat_text(pipe, caption))["input_ids"]) for caption in captions)
-    return pipe.encode_prompt(prompt=captions, device="cpu", max_sequence_length=min(MAX_SEQUENCE_LENGTH, longest + slack),
+    return pipe.encode_prompt(prompt=captions, device="cpu",
+                              max_sequence_length=min(MAX_SEQUENCE_LENGTH, longest + slack),
                               text_encoder_out_layers=TEXT_OUT_LAYERS)[0]
 
 
@@ -404,7 +406,8 @@ def train_transformer(
     scene_number = {scene: i for i, scene in enumerate(scenes)}
     # Only the weights that require grad (all of them in base training; a LoRA's adapters on a frozen base).
     trainable = [parameter for parameter in transformer.parameters() if parameter.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=plan.transformer_learning_rate, weight_decay=plan.transformer_weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=plan.transformer_learning_rate,
+                                  weight_decay=plan.transformer_weight_decay)
     ema = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
     transformer.train()
     recent: list[float] = []
@@ -452,7 +455,7 @@ def train_transformer(
 def train(out: Path, plan: TrainingPlan) -> dict:
     torch.set_num_threads(1)
     started = time.monotonic()
-    plan.size_cycle, plan.blocks  # refuse a bad schedule or block count before hours of training
+    _ = plan.size_cycle, plan.blocks  # refuse a bad schedule or block count before hours of training
     pipe = build_pipeline(plan.seed, plan.axes_dims_rope, plan.blocks)
     rng = np.random.default_rng(plan.seed)
 
