@@ -6,10 +6,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # a type only: the catalog itself imports this module
-    from .models.catalog import ModelSpec
+from typing import Any
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 _DEVICES = re.compile(r"^\s*([a-z][a-z0-9_]*):(\d{1,4}(?:-\d{1,4})?(?:,\d{1,4}(?:-\d{1,4})?)*)\s*$")
@@ -264,12 +261,41 @@ class EditInput:
 
 
 @dataclass(frozen=True)
+class GraphRule:
+    """What of a model decides when torch.compile builds a new graph (the catalog's `ModelSpec.graph_rule`): a
+    request carries it beside its model's name, so that it stays small, hashable and cheap to send to pool ranks and
+    fleet replicas."""
+
+    granularity: int
+    packed_latents: bool
+    cfg_above: float | None
+    max_sequence_length: int | None
+    # FLUX.2's way of editing: the pictures are references the transformer attends to (an inpainting too).
+    reference_edits: bool = False
+
+    def image_tokens(self, shape: Shape, references: int = 0) -> int:
+        """The transformer's image tokens at this size (reference pictures, each at the image's size, add as many
+        again): one per granularity-square of pixels (the VAE's downsampling times the 2x2 packing or patches)."""
+        return (shape.width // self.granularity) * (shape.height // self.granularity) * (1 + references)
+
+    def key(self, shape: Shape, num_images: int, guidance: float, references: int = 0) -> tuple:
+        """What really makes torch.compile build a new graph for this model: the image token count (packed
+        latents; reference pictures, each at the image's size, add as many again) or the latent size, the
+        transformer batch (classifier-free guidance doubles it) and the text length; the prompt, seed, steps,
+        guidance value, LoRA style and its strength do not."""
+        batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
+        size = (self.image_tokens(shape, references),) if self.packed_latents else (shape.width, shape.height)
+        return (*size, batch, self.max_sequence_length)
+
+
+@dataclass(frozen=True)
 class Request:
     """A checked request: every value typed, every default resolved. Only the engine makes one
-    (`Engine.check`); executors, the worker pool and the bench accept nothing else."""
+    (`Engine.check`); executors, the worker pool and the bench accept nothing else. It names its model (the catalog
+    key): whoever needs the model's spec looks it up."""
 
     prompt: str
-    spec: ModelSpec
+    model: str
     hardware: str
     mode: Mode
     placement: Placement
@@ -278,6 +304,8 @@ class Request:
     steps: int
     guidance: float
     seed: int
+    # When the model's compiled graphs are reused (see `graph_key`).
+    graph: GraphRule
     num_images: int = 1
     # The device set the person named; None: any replica of the hardware.
     devices: DeviceSet | None = None
@@ -305,10 +333,6 @@ class Request:
         return world_size(self.placement, self.tp_size, self.cp_size)
 
     @property
-    def model(self) -> str:
-        return self.spec.name
-
-    @property
     def width(self) -> int:
         return self.shape.width
 
@@ -323,7 +347,7 @@ class Request:
     @property
     def graph_key(self) -> tuple:
         """What makes torch.compile build a new graph for this request (the model says: see `ModelSpec.graph_key`)."""
-        return self.spec.graph_key(self.shape, self.num_images, self.guidance, self.references)
+        return self.graph.key(self.shape, self.num_images, self.guidance, self.references)
 
     @property
     def references(self) -> int:
@@ -334,7 +358,7 @@ class Request:
             return 0
         if self.edit.method == "reference":
             return len(self.edit.images)
-        return 1 if self.edit.method == "inpaint" and self.spec.edits == "reference" else 0
+        return 1 if self.edit.method == "inpaint" and self.graph.reference_edits else 0
 
     @property
     def denoise_steps(self) -> int:
@@ -424,7 +448,7 @@ class Batch:
     @property
     def graph_key(self) -> tuple:
         """What makes torch.compile build a new graph: the call's batch size is part of its static shape."""
-        return self.first.spec.graph_key(self.first.shape, self.size, self.first.guidance, self.first.references)
+        return self.first.graph.key(self.first.shape, self.size, self.first.guidance, self.first.references)
 
     @property
     def label(self) -> str:

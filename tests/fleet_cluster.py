@@ -24,6 +24,9 @@ PROMPT = "a red circle on a blue background, top left"
 LONG = {"model": "tiny-flux2-klein", "size": "256x256", "num_inference_steps": 100, "mode": "eager"}
 
 
+WARM_CACHE = "taylorseer"
+
+
 @pytest.fixture(scope="module")
 def cluster():
     cluster = LocalCluster(nodes=2, cpus=1)
@@ -33,7 +36,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def app(cluster):
-    server = fleet_app(cluster, {"ACCELDEMO_QUEUE_SIZE": "6"}, args=("--replicas", "2"))
+    # Warmed at start with a step cache: the replica warms the very request it then serves, every field included.
+    server = fleet_app(cluster, {"ACCELDEMO_QUEUE_SIZE": "6"},
+                       args=("--replicas", "2", "--warmup", f"compiled:64x64:step_cache={WARM_CACHE}"))
     try:
         yield server.ready()
     finally:
@@ -89,6 +94,19 @@ def test_concurrent_sdk_requests_land_on_both_nodes(app):
     listed = _wait(counted, 30, "8 images counted by the replicas", app)
     assert len(listed) == 2 and {replica["node"] for replica in listed} == nodes, listed
     assert all(replica["served"] >= 1 and replica["replica"] for replica in listed), listed
+
+
+def test_the_start_up_warm_up_reached_ready_and_its_request_compiles_nothing_more(app):
+    startup = _status(app)["startup"]
+    assert startup["state"] == "done", startup
+    assert httpx.get(app + "/ready", timeout=30).status_code == 200
+    answer = httpx.post(app + "/v1/images/generations", timeout=300, json={
+        "prompt": PROMPT, "size": "64x64", "mode": "compiled", "step_cache": WARM_CACHE, "seed": 3}).json()
+    facts = answer["acceldemo"][0]
+    image = Image.open(io.BytesIO(base64.b64decode(answer["data"][0]["b64_json"])))
+    assert image.size == (64, 64) and image.getextrema()[0][0] != image.getextrema()[0][1]
+    assert facts["new_graphs"] == 0 and facts["mode"] == "compiled", facts
+    assert facts["step_cache"]["ran"] == WARM_CACHE, facts
 
 
 @pytest.fixture(scope="module")

@@ -163,8 +163,8 @@ def test_where_every_shape_compiles_a_call_draws_one_request_unless_warm_up_comp
     policy = BatchPolicy(settings, SimpleNamespace(get=lambda name: neuron), ledger)
     devices = DeviceSet("neuron", (0,))
     for mode in (Mode.EAGER, Mode.COMPILED):
-        request = Request("a red circle", get_model("tiny-flux2-klein"), "neuron", mode, Placement.DEVICE, 1,
-                          Shape(64, 64), 4, 1.0, 0)
+        request = Request("a red circle", "tiny-flux2-klein", "neuron", mode, Placement.DEVICE, 1,
+                          Shape(64, 64), 4, 1.0, 0, get_model("tiny-flux2-klein").graph_rule)
         assert policy.sizes(request, devices) == [1] and policy.take(request, devices, 4) == 1
         visit = ledger.begin(request.key(devices), Batch((request,), 4))  # as a warm-up of bucket 4 records it
         ledger.finished(visit, RunOutput([], 1.0, 1, 1.0), warm_up=True)

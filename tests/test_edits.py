@@ -14,6 +14,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from acceldemo.errors import InvalidRequest, UnsupportedCombination
+from acceldemo.models.catalog import get_model
 from acceldemo.models.shapes import trained_model_dir
 from acceldemo.records import GenerateParams, Shape
 from acceldemo.ui.server import create_app
@@ -210,7 +211,7 @@ def test_diffusers_inpainting_keeps_the_picture_outside_the_mask_and_compiles_no
                 seed=4)
     requests = [engine.check(GenerateParams(prompt, **edit)) for prompt in ("a cat", "a lighthouse at dusk")]
     local = LocalExecutor(engine.settings, engine.hardware).load(requests[0].key(DeviceSet("cpu", (0,))),
-                                                                 requests[0].spec, no_progress)
+                                                                 get_model(requests[0].model), no_progress)
     latents = [run_pipeline(local.pipe, engine.hardware.get("cpu"), request, False, no_progress,
                             output_type="latent").images[0] for request in requests]
     # FLUX.1 hands back packed latents (8x8 tokens of 2x2 patches), klein its latent grid (channels, 16, 16).

@@ -162,7 +162,7 @@ def test_app_on_a_two_node_ray_cluster():
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
-    assert "4 passed" in done.stdout, tail
+    assert "5 passed" in done.stdout, tail
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ def key_of(request: Request) -> PipelineKey:
 def one_process_image(request: Request) -> np.ndarray:
     """The same request on the same weights, unsharded, in this process (float pixels)."""
     local = LocalExecutor(SETTINGS, HARDWARE).load(replace(key_of(request), placement=Placement.DEVICE, tp_size=1),
-                                                   request.spec, no_progress)
+                                                   get_model(request.model), no_progress)
     return run_pipeline(local.pipe, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
 
 
@@ -417,7 +417,7 @@ def test_rank_zero_sends_the_previews_the_one_process_pipeline_makes(klein):
     previews = [e.preview for e in events if e.preview is not None]
     assert [p.step for p in previews] == [1, 2, 3, 4] and previews[0].shape == Shape(64, 64)
     local = LocalExecutor(SETTINGS, HARDWARE).load(replace(key_of(request), placement=Placement.DEVICE, tp_size=1),
-                                                   request.spec, no_progress)
+                                                   get_model(request.model), no_progress)
     alone = []
     local.run(request, False, alone.append)
     expected = [e.preview.pixels for e in alone if e.preview is not None]

@@ -92,7 +92,8 @@ def test_a_checked_request_is_fully_typed():
                           placement="device", num_images=2.0))
     assert (r.shape, r.steps, r.guidance, r.seed, r.seeds, r.num_images) == (Shape(128, 64), 3, 2.5, 42, (42, 43), 2)
     assert type(r.steps) is int and type(r.guidance) is float and type(r.seed) is int
-    assert r.mode is Mode.COMPILED and r.placement is Placement.DEVICE and r.spec is CATALOG["tiny-flux2-klein"]
+    assert r.mode is Mode.COMPILED and r.placement is Placement.DEVICE and r.model == "tiny-flux2-klein" \
+        and r.graph == CATALOG["tiny-flux2-klein"].graph_rule
     with pytest.raises(AttributeError):
         r.steps = 5  # frozen
 

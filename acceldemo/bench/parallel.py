@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..models.catalog import get_model
 from ..records import CFG_RANKS, GenerateParams, Placement, Shape, no_progress
 from .figures import Figure, Spread, Target, interleaved, log, ratios
 
@@ -33,7 +34,7 @@ def cfg_ceiling(bench: InProcessBench, request, runs: int) -> Spread:
     from ..executors.recipe import pipeline_kwargs
     from ..models.loading import load_pipeline
 
-    pipe = load_pipeline(request.spec, bench.engine.settings)
+    pipe = load_pipeline(get_model(request.model), bench.engine.settings)
     pipe.set_progress_bar_config(disable=True)
     forward = pipe.transformer.forward
     clock = bench.clock
@@ -74,7 +75,7 @@ def parallel(bench: InProcessBench) -> list[Figure]:
         executors = [PoolExecutor(bench.engine.settings, bench.engine.hardware) for _ in range(2)]
         try:
             devices = bench.hardware.device_sets(2)[0]
-            loaded = [executor.load(call.key(devices), request.spec, no_progress)
+            loaded = [executor.load(call.key(devices), get_model(request.model), no_progress)
                       for executor, call in zip(executors, (alone, request))]
             for pipeline, call in zip(loaded, (alone, request)):
                 pipeline.run(call, False, no_progress)  # warm: each rank's first call

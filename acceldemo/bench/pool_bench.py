@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import replace
 
+from ..models.catalog import get_model
 from ..records import Placement, Shape, no_progress
 from .figures import Figure, Spread, Target, interleaved, ratios
 
@@ -43,7 +44,7 @@ class WarmPools:
         sharded = replace(request, placement=Placement.TP, tp_size=size)
         key = sharded.key(executor.hardware.get(request.hardware).device_sets(size)[0])
         try:
-            loaded = executor.load(key, request.spec, no_progress)
+            loaded = executor.load(key, get_model(request.model), no_progress)
             loaded.run(sharded, True, no_progress)
         except Exception as error:  # the pool's own refusal or failure is the figure's note
             self.refused[size] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..executors.recipe import BUCKETS
 from ..hardware import HardwareRegistry
+from ..models.catalog import get_model
 from ..records import DeviceSet, ProgressCallback, Request
 from .admission import Sharing
 from .ledger import ShapeLedger
@@ -60,15 +61,15 @@ class BatchPolicy:
         batch 1 and the buckets a warm-up compiled.
         """
         hardware = self.hardware.get(request.hardware)
-        cap = self.settings.max_batch or batch_fit(request.spec, hardware.detect().memory_bytes, request.placement,
-                                                   request.tp_size, request.shape)
+        cap = self.settings.max_batch or batch_fit(get_model(request.model), hardware.detect().memory_bytes,
+                                                   request.placement, request.tp_size, request.shape)
         if not self.bucketed(request):
             return list(range(1, cap + 1))
         sizes = sorted({b for b in BUCKETS if b < cap} | {cap})
         if hardware.every_shape_compiles:
-            key, spec = request.key(devices), request.spec
-            sizes = [b for b in sizes if b == 1 or self.ledger.holds(key, spec.graph_key(request.shape, b,
-                                                                                         request.guidance))]
+            key = request.key(devices)
+            sizes = [b for b in sizes if b == 1 or self.ledger.holds(key, request.graph.key(request.shape, b,
+                                                                                            request.guidance))]
         return sizes
 
     def take(self, request: Request, devices: DeviceSet, waiting: int) -> int:

@@ -250,17 +250,17 @@ class Engine:
         threading.Thread(target=run, name="comparison", daemon=True).start()
         return job
 
-    def submit_warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
+    def submit_warm_up(self, params: GenerateParams | Request, shapes: Iterable[object] | None = None,
                        on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> Job:
         """Compile the given shapes (None: the request's own) ahead of requests, at each of the given batch sizes
         (a compiled mode's buckets: calls drawing that many requests together), one denoise step each, on every
         replica (or the request's own device), one replica after the other: the first compiles each shape, the others
         load what it left in the persistent compile caches. The job's result: the shapes' records, replica by
-        replica."""
-        base = self.check(params, Kind.WARMUP)
+        replica. A checked `Request` (a fleet replica's, as its front door checked it) is warmed as it is."""
+        base = params if isinstance(params, Request) else self.check(params, Kind.WARMUP)
         try:
             sizes = sorted({_batch_size(size) for size in batches}) or [1]
-            warm = [(base.at(check_shape(base.spec, *_sides(shape)), steps=1), size)
+            warm = [(base.at(check_shape(get_model(base.model), *_sides(shape)), steps=1), size)
                     for shape in (shapes if shapes is not None else [base.shape]) for size in sizes]
             candidates = self.supervisor.usable(self._candidates(base)) if self.fleet is None else []
         except AcceldemoError as error:
@@ -299,20 +299,21 @@ class Engine:
             return job
         return self._start(job, Kind.WARMUP, what, candidates[:1], [every_replica], lambda parts: parts[0])
 
-    def warm_up(self, params: GenerateParams, shapes: Iterable[object] | None = None,
+    def warm_up(self, params: GenerateParams | Request, shapes: Iterable[object] | None = None,
                 on_progress: ProgressCallback = no_progress, batches: Iterable[int] = (1,)) -> list[CompiledShape]:
         return self.submit_warm_up(params, shapes, on_progress, batches).result()
 
     def start_warm_up(self, mode: object, shapes: list[Shape], model: str | None = None,
-                      batches: Iterable[int] = (1,), quantization: object = None, step_cache: object = None) -> None:
+                      batches: Iterable[int] = (1,), quantization: object = None, step_cache: object = None,
+                      lora: object = None) -> None:
         """The start-up warm-up (`--warmup`), in the background; `startup` says how it goes, and turns ready when it
         ends or has run past ACCELDEMO_WARMUP_TIMEOUT_S (it goes on: a compile cannot be interrupted)."""
         with self._startup_lock:
             self._startup = Startup(StartupState.WARMING, f"{', '.join(map(str, shapes))} ({mode})")
         try:
             job = self.submit_warm_up(GenerateParams(prompt="warm-up", model=model, mode=mode,
-                                                     quantization=quantization, step_cache=step_cache), shapes,
-                                      batches=batches)
+                                                     quantization=quantization, step_cache=step_cache, lora=lora),
+                                      shapes, batches=batches)
         except AcceldemoError as error:
             self._set_startup(Startup(StartupState.FAILED, str(error)))
             return
@@ -552,9 +553,9 @@ class Engine:
         served = None
         try:
             if not self.residency.is_resident(key):  # a real model not on this host, fetched when allowed
-                self.downloads.ensure(batch.first.spec, lambda fetch: progress(
+                self.downloads.ensure(get_model(batch.first.model), lambda fetch: progress(
                     Progress(Phase.LOAD, fetch.describe(), fetch.done, fetch.total, time.perf_counter() - began)))
-            resident, load_seconds = self.residency.acquire(key, batch.first.spec, progress)
+            resident, load_seconds = self.residency.acquire(key, get_model(batch.first.model), progress)
             try:
                 results = self._call(resident.loaded, key, batch, live, progress, warm_up, load_seconds, began)
             finally:
@@ -595,6 +596,7 @@ class Engine:
         self.ledger.finished(visit, out, warm_up)
         call, ended, shared = next(self._calls), time.perf_counter(), len(members)
         results: list[GenerateResult | Cancelled] = []
+        spec = get_model(batch.first.model)
         for i, (member, images) in enumerate(zip(members, batch.split(out.images))):
             request = member.request
             result = GenerateResult(
@@ -603,7 +605,7 @@ class Engine:
                 new_graphs=out.new_graphs, warm=not visit.first and out.new_graphs == 0,
                 compile_cache_hits=out.compile_cache_hits, step_seconds=out.step_seconds,
                 preview_seconds=out.preview_seconds,
-                unknown_words=request.spec.unknown_words(request.prompt), note=request.spec.prompt_note(request.prompt),
+                unknown_words=spec.unknown_words(request.prompt), note=spec.prompt_note(request.prompt),
                 node=self.node, batch=shared, call=call, cache=out.cache, denoise_seconds=out.denoise_seconds,
                 weight_bytes=out.weight_bytes)
             self.stats.observe(result, count_call=i == 0)

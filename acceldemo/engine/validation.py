@@ -295,7 +295,8 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     quantization = check_quantization(adapter, placement, weights)
     step_cache, why = check_step_cache(spec, mode, placement, steps, params.step_cache)
     request = Request(
-        prompt=prompt, spec=spec, hardware=adapter.name, mode=mode, placement=placement, tp_size=tp_size,
+        prompt=prompt, model=spec.name, graph=spec.graph_rule, hardware=adapter.name, mode=mode, placement=placement,
+        tp_size=tp_size,
         shape=shape or spec.default_shape, steps=steps,
         guidance=_number("guidance", spec.guidance if _absent(params.guidance) else params.guidance,
                          0.0, MAX_GUIDANCE),

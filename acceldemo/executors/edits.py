@@ -51,7 +51,7 @@ class EditCall:
         pictures = edit.pictures()
         if edit.method == "reference":
             kwargs["image"] = pictures
-        elif type(pipe).__name__ in _FLUX2 and batch.first.spec.edits == "strength":
+        elif type(pipe).__name__ in _FLUX2 and not batch.first.graph.reference_edits:
             self._own_image_to_image(batch, pictures[0], edit)
         else:
             self.pipe = _made_from(pipe, edit.method)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
-from ..models.catalog import ModelSpec
+from ..models.catalog import ModelSpec, get_model
 from ..models.weights import weight_bytes
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
@@ -97,8 +97,8 @@ def pipeline_kwargs(call: Request | Batch, output_type: str = "pil", **extra) ->
         num_inference_steps=request.steps, guidance_scale=request.guidance,
         num_images_per_prompt=request.num_images if alone else 1,
         generator=generators[0] if len(generators) == 1 else generators, output_type=output_type, **extra)
-    if request.spec.max_sequence_length:
-        kwargs["max_sequence_length"] = request.spec.max_sequence_length
+    if request.graph.max_sequence_length:
+        kwargs["max_sequence_length"] = request.graph.max_sequence_length
     return kwargs
 
 
@@ -202,7 +202,9 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     steps = request.denoise_steps
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
-    previews = PreviewMaker(pipe, request.spec, request, cache_dir) if request.previews and cache_dir else None
+    previews = None
+    if request.previews and cache_dir:
+        previews = PreviewMaker(pipe, get_model(request.model), request, cache_dir)
     edit: EditCall | None = None
 
     def on_step_end(pipeline, i, t, tensors):
@@ -225,7 +227,7 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     elif expect_compile:
         on_progress(Progress(Phase.COMPILE, f"compiling {batch.label} (first time for this shape)"))
     kwargs = pipeline_kwargs(batch, output_type, callback_on_step_end=on_step_end)
-    use_style(pipe, request.spec, request.lora, request.lora_scale)
+    use_style(pipe, get_model(request.model), request.lora, request.lora_scale)
     edit = EditCall(pipe, batch, kwargs)
     # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
     gate = contextlib.nullcontext() if not request.mode.compiles else \

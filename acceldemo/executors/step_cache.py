@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..models.caches import MAG_FLUX1, TECHNIQUES, CachePreset, StepCache
+from ..models.catalog import get_model
 from ..records import CacheUse, Request
 
 
@@ -138,7 +139,7 @@ def step_cache(pipe, called, request: Request) -> Iterator[CacheReport]:
     """The request's step cache on `pipe`'s transformer for one call of `called` (`pipe`, or a pipeline made from it
     for an edit), every state fresh; yields what it did, filled in when the call ends."""
     seam = install_seam(pipe)
-    preset = request.spec.step_caches.get(request.step_cache) if request.step_cache else None
+    preset = get_model(request.model).step_caches.get(request.step_cache) if request.step_cache else None
     report = CacheReport(preset, seam)
     block = preset is not None and not preset.cache.decides_per_call
     seam.begin(_taylorseer(preset) if preset is not None and not block else None)

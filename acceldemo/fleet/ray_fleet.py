@@ -174,7 +174,12 @@ class RayFleet:
         raise ReplicaLost(self.deployment, f"two replicas were lost while drawing this image: {lost}")
 
     def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
-        return self.handle.warm_up.remote(request, shapes).result()
+        """Each shape warmed by one replica, under the shape's routing key: the router then sends that shape's
+        requests to the replica that holds it compiled."""
+        from .replica import routing_key
+
+        return [record for shape in shapes for record in self.handle.options(
+            multiplexed_model_id=routing_key(shape)).warm_up.remote(request, [shape]).result()]
 
     def replicas(self) -> list[ReplicaView]:
         """Every replica the routers of this process know, with what each last reported (node, served, latency)."""

@@ -129,8 +129,11 @@ class PipelineReplica:
         yield Served(result)
 
     async def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
+        await self.hold(serve.get_multiplexed_model_id())
         started = time.perf_counter()
-        records = await asyncio.to_thread(self.engine.warm_up, _params_of(request), [r.shape for r in shapes])
+        # The request as the front door checked it, every field included: the replica warms the very pipeline
+        # (quantization, step cache, style) it will then serve.
+        records = await asyncio.to_thread(self.engine.warm_up, request, [r.shape for r in shapes])
         self.last_latency = self.last_latency or time.perf_counter() - started
         return records
 
@@ -139,11 +142,3 @@ class PipelineReplica:
         if engine is not None:
             engine.close()
 
-
-def _params_of(request: Request):
-    from ..records import GenerateParams
-
-    return GenerateParams(prompt=request.prompt, model=request.model, hardware=request.hardware, mode=request.mode,
-                          placement=request.placement, tp_size=request.tp_size, cp_size=request.cp_size,
-                          resolution=request.shape,
-                          steps=request.steps, guidance=request.guidance, seed=request.seed)

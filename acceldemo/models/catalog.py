@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnknownName
-from ..records import Shape
+from ..records import GraphRule, Shape
 from . import real_configs
 from .caches import FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
@@ -133,19 +133,17 @@ class ModelSpec:
                                                    else "")
         return f"{self.name} does not know: {named} — it knows {self.vocabulary_summary}"
 
+    @property
+    def graph_rule(self) -> GraphRule:
+        """What of this model decides when a compiled graph is reused: what its requests carry."""
+        return GraphRule(self.granularity, self.packed_latents, self.cfg_above, self.max_sequence_length,
+                         self.edits == "reference")
+
     def image_tokens(self, shape: Shape, references: int = 0) -> int:
-        """The transformer's image tokens at this size (reference pictures, each at the image's size, add as many
-        again): one per granularity-square of pixels (the VAE's downsampling times the 2x2 packing or patches)."""
-        return (shape.width // self.granularity) * (shape.height // self.granularity) * (1 + references)
+        return self.graph_rule.image_tokens(shape, references)
 
     def graph_key(self, shape: Shape, num_images: int, guidance: float, references: int = 0) -> tuple:
-        """What really makes torch.compile build a new graph for this model: the image token count (packed
-        latents; reference pictures, each at the image's size, add as many again) or the latent size, the
-        transformer batch (classifier-free guidance doubles it) and the text length; the prompt, seed, steps,
-        guidance value, LoRA style and its strength do not."""
-        batch = num_images * (2 if self.cfg_above is not None and guidance > self.cfg_above else 1)
-        size = (self.image_tokens(shape, references),) if self.packed_latents else (shape.width, shape.height)
-        return (*size, batch, self.max_sequence_length)
+        return self.graph_rule.key(shape, num_images, guidance, references)
 
 
 # TaylorSeer as measured here on tiny-shapes at 128x128 (bench section acceleration): two computed steps to start
