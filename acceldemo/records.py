@@ -218,8 +218,17 @@ class GenerateParams:
     quantization: object = None
 
 
+class EditMethod(StrEnum):
+    """How a picture is edited: noised to the strength's sigma and the rest denoised (image-to-image); given to the
+    transformer as reference images it attends to (FLUX.2); or, as image-to-image, only inside a mask (inpainting)."""
+
+    STRENGTH = "strength"
+    REFERENCE = "reference"
+    INPAINT = "inpaint"
+
+
 # The ways of editing that denoise from the picture noised to a strength's sigma (image-to-image, inpainting).
-STRENGTH_METHODS = ("strength", "inpaint")
+STRENGTH_METHODS = (EditMethod.STRENGTH, EditMethod.INPAINT)
 
 
 @dataclass(frozen=True)
@@ -230,7 +239,7 @@ class EditInput:
     transformer attends to; "inpaint": as "strength", only inside the mask) and what was uploaded (for the facts)."""
 
     images: tuple[bytes, ...]
-    method: str
+    method: EditMethod
     strength: float
     mask: bytes | None = None
     source: str = ""
@@ -256,7 +265,7 @@ class EditInput:
         return steps - int(max(steps - min(steps * self.strength, steps), 0))
 
     def facts(self) -> dict:
-        return {"method": self.method, "strength": self.strength if self.method in STRENGTH_METHODS else None,
+        return {"method": str(self.method), "strength": self.strength if self.method in STRENGTH_METHODS else None,
                 "images": len(self.images), "mask": self.mask is not None, "source": self.source}
 
 
@@ -356,9 +365,9 @@ class Request:
         as on a reference)."""
         if self.edit is None:
             return 0
-        if self.edit.method == "reference":
+        if self.edit.method == EditMethod.REFERENCE:
             return len(self.edit.images)
-        return 1 if self.edit.method == "inpaint" and self.graph.reference_edits else 0
+        return 1 if self.edit.method == EditMethod.INPAINT and self.graph.reference_edits else 0
 
     @property
     def denoise_steps(self) -> int:

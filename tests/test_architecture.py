@@ -96,7 +96,7 @@ def test_no_module_keeps_process_wide_settings():
     assert not hasattr(acceldemo.config, "settings") and not hasattr(acceldemo.config, "use")
 
 
-_NAMED = ("phase", "state", "mode", "placement", "kind", "outcome")
+_NAMED = ("phase", "state", "mode", "placement", "kind", "outcome", "method", "edits")
 
 
 def test_phases_states_and_names_are_compared_as_their_enums_never_as_strings():

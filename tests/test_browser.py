@@ -70,6 +70,17 @@ def shown_size(page, expected: tuple[int, int], timeout_ms: int = 15_000) -> lis
     return page.locator("#image img").evaluate("img => [img.naturalWidth, img.naturalHeight]")
 
 
+def test_the_result_box_is_display_only_before_and_after_a_draw(page):
+    def upload_area() -> list:
+        box = page.locator("#image")
+        return [text for text in ("Drop Image Here", "Click to Upload") if text in box.inner_text()] + \
+            (["file input"] if box.locator("input[type=file]").count() else [])
+
+    assert upload_area() == []
+    generate_and_watch(page, seed=5)
+    assert page.locator("#image img").count() == 1 and upload_area() == []
+
+
 def test_compile_progress_shows_on_the_first_visit_only(page):
     choose(page, "hardware", "cpu — found")
     choose(page, "mode", "compiled")

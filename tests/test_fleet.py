@@ -197,3 +197,14 @@ def test_the_fleet_plan_places_a_replica_per_device_set_of_the_cluster():
     assert autoscaled.capacity == 5
     with pytest.raises(Exception, match="offers no devices"):
         plan_fleet(settings, {"memory": 1e9})
+
+
+def test_a_routing_key_is_a_type_that_reads_back_what_a_replica_reports(manager):
+    from acceldemo.fleet.replica import RoutingKey, routing_key
+
+    request = manager.check(GenerateParams(prompt="a red circle", mode="compiled", resolution="64x128"))
+    text = routing_key(request)
+    key = RoutingKey.parse(text)
+    assert key == RoutingKey.of(request) and str(key) == text
+    assert (key.model, key.mode, key.placement, str(key.shape)) == (request.model, "compiled", "device", "64x128")
+    assert RoutingKey.parse("not|a|key") is None and RoutingKey.parse("m|cpu|eager|device|big") is None

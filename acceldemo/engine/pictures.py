@@ -7,7 +7,7 @@ import warnings
 
 from ..errors import InvalidRequest, UnsupportedCombination
 from ..models.catalog import ModelSpec
-from ..records import STRENGTH_METHODS, EditInput, Shape
+from ..records import STRENGTH_METHODS, EditInput, EditMethod, Shape
 
 # What an upload may be: the Images API's formats, and limits stated to whoever sends more.
 FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
@@ -103,16 +103,16 @@ def check_edit(spec: ModelSpec, images: object, mask: object, strength: object,
     masked = mask is not None and mask != b"" and mask != ""
     if masked and not spec.inpaints:
         raise UnsupportedCombination("mask", f"mask: {spec.name} cannot inpaint (it edits the whole picture "
-                                             + ("with reference images" if spec.edits == "reference" else
+                                             + ("with reference images" if spec.edits == EditMethod.REFERENCE else
                                                 "by image-to-image") + "); send the edit without a mask")
-    allowed = spec.max_references if spec.edits == "reference" and not masked else 1
+    allowed = spec.max_references if spec.edits == EditMethod.REFERENCE and not masked else 1
     if len(pictures) > allowed:
         how = "it repaints one picture where the mask is transparent" if masked else \
-            "it edits with reference images" if spec.edits == "reference" else "it edits one picture at a time"
+            "it edits with reference images" if spec.edits == EditMethod.REFERENCE else "it edits one picture at a time"
         raise InvalidRequest("image", f"{len(pictures)} pictures", f"at most {allowed} for {spec.name} ({how})")
     size = shape or nearest_size(spec, pictures[0])
     region = _region(decode("mask", mask), pictures[0], size) if masked else None
-    method = "inpaint" if masked else spec.edits
+    method = EditMethod.INPAINT if masked else spec.edits
     value = check_strength(DEFAULT_STRENGTH if strength is None or strength == "" else strength) \
         if method in STRENGTH_METHODS else 1.0
     source = ", ".join(f"{p.format} {p.width}x{p.height}" for p in pictures)

@@ -352,11 +352,6 @@ def step_cache_refusal(spec: ModelSpec, cache: StepCache, mode: Mode, placement:
     return None
 
 
-def step_cache_options(spec: ModelSpec, mode: Mode, placement: Placement) -> list[tuple[str, str | None]]:
-    """Every step cache name with why it is refused for this model, mode and placement (None: offered)."""
-    return [(str(cache), step_cache_refusal(spec, cache, mode, placement)) for cache in StepCache]
-
-
 def check_quantization(hardware: Hardware, placement: Placement, quantization: Quantization) -> Quantization:
     """The weights' quantization, where the hardware and placement can hold it."""
     if quantization is Quantization.NONE:

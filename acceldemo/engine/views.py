@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..hardware import Device
-from ..records import DeviceSet, Mode, PipelineKey, ReplicaState, Shape
+from ..records import DeviceSet, EditMethod, Mode, PipelineKey, ReplicaState, Shape
 from .ledger import CompiledShape
 from .stats import Counters
 from .validation import Option, PlacementProposal
@@ -156,7 +156,7 @@ class ModelView:
     # Its LoRA styles (name, rank, layers, bytes), and how it edits a picture ("strength" or "reference") and
     # whether it takes a mask.
     loras: tuple[dict, ...] = ()
-    edits: str = "strength"
+    edits: EditMethod = EditMethod.STRENGTH
     inpaints: bool = False
     # Each step cache: the model's preset (name, title, params, why; `eager_only` for diffusers' block hooks) or why
     # it is refused; and what `auto` picks (cache, from_steps, why).

@@ -16,11 +16,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from ..records import Batch
+from ..records import Batch, EditMethod
 
 _FLUX2 = ("Flux2KleinPipeline", "Flux2Pipeline")
 # The pipelines `from_pipe` makes of a loaded one, kept on it (its modules are the loaded pipeline's own).
-_MADE = {"strength": "_acceldemo_image_to_image", "inpaint": "_acceldemo_inpaint"}
+_MADE = {EditMethod.STRENGTH: "_acceldemo_image_to_image", EditMethod.INPAINT: "_acceldemo_inpaint"}
 
 
 def _made_from(pipe, method: str):
@@ -29,10 +29,11 @@ def _made_from(pipe, method: str):
     if made is None:
         import diffusers
 
-        if method == "inpaint" and type(pipe).__name__ == "Flux2KleinPipeline":
+        if method == EditMethod.INPAINT and type(pipe).__name__ == "Flux2KleinPipeline":
             made = diffusers.Flux2KleinInpaintPipeline.from_pipe(pipe)
         else:
-            auto = diffusers.AutoPipelineForInpainting if method == "inpaint" else diffusers.AutoPipelineForImage2Image
+            auto = (diffusers.AutoPipelineForInpainting if method == EditMethod.INPAINT
+                    else diffusers.AutoPipelineForImage2Image)
             made = auto.from_pipe(pipe)
         made.set_progress_bar_config(disable=True)
         setattr(pipe, _MADE[method], made)
@@ -49,14 +50,14 @@ class EditCall:
         if edit is None:
             return
         pictures = edit.pictures()
-        if edit.method == "reference":
+        if edit.method == EditMethod.REFERENCE:
             kwargs["image"] = pictures
         elif type(pipe).__name__ in _FLUX2 and not batch.first.graph.reference_edits:
             self._own_image_to_image(batch, pictures[0], edit)
         else:
             self.pipe = _made_from(pipe, edit.method)
             kwargs.update(image=pictures[0], strength=edit.strength)
-            if edit.method == "inpaint":
+            if edit.method == EditMethod.INPAINT:
                 kwargs["mask_image"] = edit.mask_picture()
 
     def _own_image_to_image(self, batch: Batch, picture, edit) -> None:

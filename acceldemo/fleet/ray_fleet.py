@@ -19,7 +19,7 @@ from ..engine.validation import propose_placement
 from ..errors import Cancelled, GenerationFailed, HardwareUnavailable, QueueFull, ReplicaLost
 from ..hardware import ADAPTERS, Availability, HardwareRegistry
 from ..models.catalog import get_model
-from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request, Shape
+from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallback, ReplicaState, Request
 
 log = logging.getLogger("acceldemo.fleet")
 APP = "acceldemo"
@@ -187,18 +187,19 @@ class RayFleet:
             seen, views = self._views
             if time.monotonic() - seen < 1.0:
                 return views
+        from .replica import RoutingKey
         from .seen import known_replicas
 
         views = []
         for index, (replica_id, replica) in enumerate(sorted(known_replicas(self.deployment).items())):
             stats = replica.routing_stats or {}
-            held = [key.split("|") for key in replica.multiplexed_model_ids]
-            shapes = sorted({shape for key in held if (shape := Shape.parse(key[-1])) is not None})
+            held = [key for text in replica.multiplexed_model_ids if (key := RoutingKey.parse(text)) is not None]
+            shapes = sorted({key.shape for key in held})
             busy = stats.get("busy") or ""
             views.append(ReplicaView(
                 DeviceSet(self.hardware, (index,)), ReplicaState.BUSY if busy else ReplicaState.IDLE,
                 f"busy: {busy}" if busy else "idle", 0, tuple(shapes), int(stats.get("served", 0)),
-                stats.get("last_latency"), 0, tuple(sorted({key[0] for key in held})),
+                stats.get("last_latency"), 0, tuple(sorted({key.model for key in held})),
                 stats.get("node") or f"node {str(replica.node_id)[:12]}", replica_id))
         with self._lock:
             self._views = (time.monotonic(), views)

@@ -18,16 +18,43 @@ from ..config import Settings
 from ..engine import CompiledShape
 from ..errors import AcceldemoError, GenerationFailed
 from ..hardware import prepare_process
-from ..records import GenerateResult, Request, placement_label
+from ..records import GenerateResult, Request, Shape, placement_label
 
 _DONE = object()  # the engine's job has its outcome
 
 
+@dataclass(frozen=True)
+class RoutingKey:
+    """What a replica holds that makes it the best place for a request: its pipeline compiled at its shape. Serve's
+    multiplexed model id is its text (`str`), read back with `parse`."""
+
+    model: str
+    hardware: str
+    mode: str
+    placement: str
+    shape: Shape
+
+    _SEPARATOR = "|"
+
+    @classmethod
+    def of(cls, request: Request) -> RoutingKey:
+        return cls(request.model, request.hardware, str(request.mode),
+                   placement_label(request.placement, request.tp_size, request.cp_size), request.shape)
+
+    def __str__(self) -> str:
+        return self._SEPARATOR.join((self.model, self.hardware, self.mode, self.placement, str(self.shape)))
+
+    @classmethod
+    def parse(cls, text: str) -> RoutingKey | None:
+        """The key a replica reported holding; None for text that is not one."""
+        parts = text.split(cls._SEPARATOR)
+        shape = Shape.parse(parts[-1]) if len(parts) == 5 else None
+        return None if shape is None else cls(*parts[:4], shape)
+
+
 def routing_key(request: Request) -> str:
-    """What a replica holds that makes it the best place for a request: its pipeline compiled at its shape (Serve's
-    multiplexed model id)."""
-    return (f"{request.model}|{request.hardware}|{request.mode}|"
-            f"{placement_label(request.placement, request.tp_size, request.cp_size)}|{request.shape}")
+    """Serve's multiplexed model id for a request: its `RoutingKey` as text."""
+    return str(RoutingKey.of(request))
 
 
 @dataclass(frozen=True)

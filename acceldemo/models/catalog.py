@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnknownName
-from ..records import GraphRule, Shape
+from ..records import EditMethod, GraphRule, Shape
 from . import real_configs
 from .caches import FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
@@ -77,7 +77,7 @@ class ModelSpec:
     # a masked region (inpainting: diffusers' inpainting pipeline of its family — FluxInpaintPipeline,
     # StableDiffusion3InpaintPipeline, Flux2KleinInpaintPipeline — or, for the embedded tiny-shapes, this project's
     # own strength path; FLUX.2 [dev] has none).
-    edits: str = "strength"
+    edits: EditMethod = EditMethod.STRENGTH
     inpaints: bool = False
     # Reference pictures one edit may give ("reference" models).
     max_references: int = 1
@@ -108,10 +108,6 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return sum(self.component_bytes.values())
 
-    @property
-    def largest_component_bytes(self) -> int:
-        return max(self.component_bytes.values(), default=0)
-
     def steps_for(self, quality: str) -> int:
         """The steps of an OpenAI quality name (one of QUALITIES): its preset, or the model's default for auto."""
         return self.steps if quality == "auto" else self.quality_steps[QUALITY_PRESETS[quality]]
@@ -137,7 +133,7 @@ class ModelSpec:
     def graph_rule(self) -> GraphRule:
         """What of this model decides when a compiled graph is reused: what its requests carry."""
         return GraphRule(self.granularity, self.packed_latents, self.cfg_above, self.max_sequence_length,
-                         self.edits == "reference")
+                         self.edits == EditMethod.REFERENCE)
 
     def image_tokens(self, shape: Shape, references: int = 0) -> int:
         return self.graph_rule.image_tokens(shape, references)
@@ -197,7 +193,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **_CP, name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
         pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
         step_caches=_FLUX2_CACHES,
-        edits="reference", max_references=4, inpaints=True,
+        edits=EditMethod.REFERENCE, max_references=4, inpaints=True,
         max_sequence_length=64, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
@@ -214,14 +210,14 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         **_CP, name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256, step_caches=_FLUX2_CACHES,
-        edits="reference", max_references=4,
+        edits=EditMethod.REFERENCE, max_references=4,
         tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
         **_CP, name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
         repo="black-forest-labs/FLUX.2-klein-4B", inpaints=True, steps=4, guidance=1.0, step_caches=_FLUX2_CACHES,
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
-        edits="reference", max_references=4,
+        edits=EditMethod.REFERENCE, max_references=4,
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024), Shape(512, 512)),
         **_real("flux2-klein-4b"), tp_components=("transformer", "text_encoder"), max_batch=4,
         activation_bytes=3 * GB,
@@ -251,7 +247,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         step_caches={StepCache.TAYLORSEER: _TAYLORSEER_LONG, StepCache.PAB: PAB_FLUX},
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 12, "TaylorSeer from 12 steps on: at the recipe's 28 SGLang "
                                                             "reports FLUX.2-dev 45 s -> 24 s with a step cache"),
-        edits="reference", max_references=4,
+        edits=EditMethod.REFERENCE, max_references=4,
         quality_steps={"low": 16, "medium": 28, "high": 50},
         presets=(Shape(1024, 1024), Shape(768, 768), Shape(1024, 768), Shape(768, 1024)),
         **_real("flux2-dev"), tp_components=("transformer", "text_encoder"), max_batch=1, activation_bytes=8 * GB,

@@ -39,7 +39,7 @@ from ..errors import (
     describe_error,
 )
 from ..models.catalog import CATALOG
-from ..records import GenerateParams, GenerateResult, Progress
+from ..records import EditMethod, GenerateParams, GenerateResult, Progress
 from ..records import Request as EngineRequest
 from .watch import WatchedJob
 
@@ -210,7 +210,7 @@ class ImageEditRequest(ImageGenerationRequest):
         told = super().options(request)
         if self.input_fidelity is not None:
             told["ignored"]["input_fidelity"] = f"{self.input_fidelity}: no model here has a fidelity setting"
-        if self.strength is not None and request.edit and request.edit.method == "reference":
+        if self.strength is not None and request.edit and request.edit.method == EditMethod.REFERENCE:
             told["ignored"]["strength"] = f"{self.strength}: {request.model} edits with reference images"
         return told
 

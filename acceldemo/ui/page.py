@@ -21,7 +21,7 @@ from ..executors.recipe import BUCKETS
 from ..hardware import all_modes, host_kinds
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
-from ..records import EditInput, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
+from ..records import EditInput, EditMethod, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -114,8 +114,8 @@ def image_file(image, folder: Path) -> str:
 
 def describe_edit(edit: EditInput) -> str:
     """What an edit started from and how it changed it."""
-    how = (f"image-to-image at strength **{edit.strength:g}**" if edit.method == "strength" else
-           f"inpainting at strength **{edit.strength:g}**" if edit.method == "inpaint" else
+    how = (f"image-to-image at strength **{edit.strength:g}**" if edit.method == EditMethod.STRENGTH else
+           f"inpainting at strength **{edit.strength:g}**" if edit.method == EditMethod.INPAINT else
            f"{len(edit.images)} reference picture(s)")
     return f"edit: {how} · from {edit.source}"
 
@@ -315,7 +315,7 @@ def describe_plan(engine: Engine, model, host) -> str:
 
 def strength_use(model: ModelView) -> dict:
     """The edit strength slider as it applies to a model: image-to-image uses it, reference images do not."""
-    if model.edits == "strength":
+    if model.edits == EditMethod.STRENGTH:
         return {"interactive": True, "info": "how much of the picture is redrawn: 1 redraws all of it"}
     return {"interactive": False, "info": f"not used: {model.title} edits with reference images (the picture guides "
                                           "what the prompt draws)"}
@@ -515,7 +515,9 @@ def build_page(engine: Engine) -> gr.Blocks:
                                     label=f"Prompts {spec.name} knows", elem_id=f"examples-{spec.name}",
                                     visible_columns=[0])
             with gr.Column(scale=2):
-                image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384)
+                # Display-only: the drawn picture, with download and full screen, never an upload area.
+                image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384,
+                                 interactive=False, buttons=["download", "fullscreen"])
                 edit_button = gr.Button("Edit this", size="sm", elem_id="edit-this")
                 facts = gr.Markdown(elem_id="facts")
                 facts_json = gr.JSON(label="Facts (JSON)", visible=False)
