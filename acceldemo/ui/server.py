@@ -1,10 +1,8 @@
 """The serving process: Gradio page mounted on FastAPI beside /health, /ready, /status, /metrics and the
-OpenAI-compatible Images API (/v1)."""
+OpenAI-compatible Images API (/v1). Its command line (app.py, `python -m acceldemo serve`) is acceldemo/cli/serve.py."""
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import hmac
 import logging
 import os
@@ -15,11 +13,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import config
-from ..builder import build_engine
-from ..config import Settings
 from ..engine import Engine, as_json, parse_resolution
-from ..errors import AcceldemoError, InvalidRequest
+from ..errors import InvalidRequest
 from ..records import Shape
 from .openai_api import ImageStore, openai_http_error, openai_router
 from .page import CSS, build_page
@@ -27,16 +22,16 @@ from .page import CSS, build_page
 log = logging.getLogger("acceldemo.server")
 
 
-WARMUP_FORM = ("MODE:WxH[,WxH...][@B,B...][:quantization=Q,step_cache=C], e.g. compiled:64x64@1,2,4 or "
-               "compiled:64x64:quantization=int8")
+WARMUP_FORM = ("MODE:WxH[,WxH...][@B,B...][:quantization=Q,step_cache=C,lora=STYLE], e.g. compiled:64x64@1,2,4 "
+               "or compiled:64x64:quantization=int8")
 # The request values a warm-up spec may set beyond its mode, shapes and batch sizes.
-WARMUP_OPTIONS = ("quantization", "step_cache")
+WARMUP_OPTIONS = ("quantization", "step_cache", "lora")
 
 
 def parse_warmup(spec: str | None) -> tuple[str, list[Shape], tuple[int, ...], dict[str, str]] | None:
-    """`MODE:WxH,WxH[@B,B][:quantization=Q,step_cache=C]` (e.g. compiled:64x64,128x64@1,2,4) to a mode, shapes, the
-    batch sizes compiled at each (calls drawing that many requests together; default 1) and the request's quantization
-    and step cache (checked by the engine like any request's); None when unset."""
+    """`MODE:WxH,WxH[@B,B][:quantization=Q,step_cache=C,lora=STYLE]` (e.g. compiled:64x64,128x64@1,2,4) to a
+    mode, shapes, the batch sizes compiled at each (calls drawing that many requests together; default 1) and the
+    request's quantization, step cache and style (checked by the engine like any request's); None when unset."""
     if not spec:
         return None
     mode, _, rest = spec.partition(":")
@@ -125,67 +120,3 @@ def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = 
     page.queue(max_size=None, default_concurrency_limit=None)
     return gr.mount_gradio_app(app, page, path="/", ssr_mode=False, footer_links=["api"], auth=auth, css=CSS)
 
-
-def main(argv: list[str] | None = None) -> None:
-    """Build the settings once, prepare the process, build the engine, serve."""
-    settings = Settings.from_env()
-    parser = argparse.ArgumentParser(prog="app.py", description="Serve the acceldemo page and API.")
-    parser.add_argument("--host", default=settings.host,
-                        help="bind address (default 127.0.0.1; env GRADIO_SERVER_NAME, else ACCELDEMO_HOST)")
-    parser.add_argument("--port", type=int, default=settings.port,
-                        help="port (default 7860; env GRADIO_SERVER_PORT, else PORT)")
-    parser.add_argument("--warmup", default=settings.warmup,
-                        help="compile at start: MODE:WxH[,WxH...][@B,B...][:quantization=Q,step_cache=C], e.g. "
-                             "compiled:64x64,128x64, or with the batch sizes of calls drawing requests together "
-                             "compiled too, compiled:64x64@1,2,4, or int8 weights, compiled:64x64:quantization=int8 "
-                             "(env ACCELDEMO_WARMUP)")
-    parser.add_argument("--model", default=None, help="model warmed at start (default: the default model)")
-    parser.add_argument("--download", action="store_true", default=settings.download,
-                        help="fetch a real model missing here from the Hugging Face Hub (env ACCELDEMO_DOWNLOAD; on by "
-                             "default in a Space unless HF_HUB_OFFLINE is set; HF_TOKEN for gated repositories)")
-    parser.add_argument("--auth", default=settings.auth, help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH)")
-    parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
-                                           "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
-    parser.add_argument("--ray", default=settings.ray_address, metavar="ADDRESS",
-                        help="run the pipeline replicas on a Ray cluster as a Ray Serve deployment: its address, or "
-                             "auto for the one `ray start` began here (env ACCELDEMO_RAY_ADDRESS; needs "
-                             "requirements-fleet.txt; autoscaling: ACCELDEMO_RAY_AUTOSCALING)")
-    parser.add_argument("--artifacts", default=settings.artifacts, metavar="URL",
-                        help="shared artifact store behind the local compile cache: a shared folder, "
-                             "s3://bucket/prefix, gs://bucket/prefix or hf://datasets/ORG/NAME; read on a local miss, "
-                             "written after every compile; writable by the operator only (env ACCELDEMO_ARTIFACTS; "
-                             "fsspec options: ACCELDEMO_ARTIFACTS_OPTIONS)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import uvicorn
-
-    from ..hardware import prepare_process
-
-    try:
-        warmup = parse_warmup(args.warmup)
-        auth = parse_auth(args.auth)
-        if args.replicas:
-            settings = dataclasses.replace(settings, replicas=config.per_hardware("--replicas", args.replicas))
-        settings = dataclasses.replace(settings, ray_address=args.ray or None, download=args.download,
-                                       artifacts=config.store_url(args.artifacts, "--artifacts"))
-    except (AcceldemoError, ValueError) as error:
-        parser.error(str(error))
-    open_doors = [door for door, guard in (("the page (no --auth)", auth),
-                                           ("the /v1 API (no ACCELDEMO_API_TOKEN)", settings.api_token)) if not guard]
-    if args.host not in ("127.0.0.1", "localhost", "::1") and open_doors:
-        log.warning("serving on %s: anyone who reaches this address can use %s", args.host, " and ".join(open_doors))
-    prepare_process(settings)
-    if settings.ray_address:
-        try:
-            from ..fleet import fleet_engine
-        except ImportError as error:
-            parser.error(f"--ray needs Ray Serve: pip install -r requirements-fleet.txt ({error})")
-        try:
-            engine = fleet_engine(settings, args.model)
-        except (AcceldemoError, ValueError, ConnectionError) as error:
-            parser.error(f"--ray {settings.ray_address}: {error}")
-    else:
-        engine = build_engine(settings)
-    app = create_app(engine, warmup, args.model, auth, settings.api_token)
-    log.info("serving on http://%s:%d", args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
