@@ -103,8 +103,7 @@ class Settings:
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        default_cache = Path("/data/acceldemo") if Path("/data").is_dir() and os.access("/data", os.W_OK) \
-            else Path.home() / ".cache" / "acceldemo"
+        default_cache = default_cache_dir()
 
         def text(name: str, default: str | None = None) -> str | None:
             return env.get(name) or default
@@ -202,6 +201,30 @@ class Settings:
         values = json.loads(text)
         paths = {"cache_dir", "model_dir", "lora_dir"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
+
+
+# A Space's persistent storage, when one is attached: the caches go there if it is writable (ACCELDEMO_CACHE_DIR unset).
+DATA_VOLUME = Path("/data")
+
+
+def default_cache_dir(data: Path = DATA_VOLUME, home: Path | None = None) -> Path:
+    """The cache folder when ACCELDEMO_CACHE_DIR is unset: <data>/acceldemo where `data` is a writable folder (a
+    persistent volume), else ~/.cache/acceldemo (a container without a volume, whose user cannot create /data)."""
+    if data.is_dir() and os.access(data, os.W_OK | os.X_OK):
+        return data / "acceldemo"
+    return (Path.home() if home is None else home) / ".cache" / "acceldemo"
+
+
+def cache_dir_note(settings: Settings, environ: dict[str, str] | None = None, data: Path = DATA_VOLUME) -> str:
+    """One line for the start-up log: the cache folder in use and why that one."""
+    env = os.environ if environ is None else environ
+    if env.get("ACCELDEMO_CACHE_DIR"):
+        why = "set by ACCELDEMO_CACHE_DIR"
+    elif settings.cache_dir == data / "acceldemo":
+        why = f"{data} is writable (a persistent volume)"
+    else:
+        why = f"{data} is absent or not writable: caches do not outlive this container"
+    return f"cache directory {settings.cache_dir} ({why})"
 
 
 JSON_EXAMPLES = {"ACCELDEMO_RAY_AUTOSCALING": '{"min_replicas": 0, "max_replicas": 4}',

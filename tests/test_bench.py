@@ -1,4 +1,5 @@
 """`python -m acceldemo bench` and the CUDA device script: they run, and their reports hold what they promise."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -123,11 +124,9 @@ def test_device_script_full_configs_are_the_4b_architecture():
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    sys.path.insert(0, str(DEVICE_SCRIPT.parent))
-    try:
-        import flux2_klein_cuda as script
-    finally:
-        sys.path.remove(str(DEVICE_SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("flux2_klein_cuda", DEVICE_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
     config = script.configs(dry_run=False)
     with torch.device("meta"):
         sizes = {name: sum(p.numel() for p in module.parameters()) for name, module in (
@@ -143,7 +142,7 @@ def test_device_script_full_configs_are_the_4b_architecture():
 @pytest.mark.slow
 def test_device_script_dry_run_measures_every_variant_on_cpu(tmp_path):
     out = tmp_path / "dry.json"
-    done = _run([str(DEVICE_SCRIPT), "--dry-run", "--out", str(out), "--variants",
+    done = _run(["-m", "bench.device.flux2_klein_cuda", "--dry-run", "--out", str(out), "--variants",
                  "eager,compiled,regional,precompiled"], 300)
     report = json.loads(out.read_text())
     assert report["dry_run"] is True

@@ -1,11 +1,13 @@
 """FLUX.2-klein-4B on one CUDA GPU with random weights: eager vs compiled vs regional, 1024x1024, 4 steps, bf16.
 
-    python bench/device/flux2_klein_cuda.py [--out flux2_klein_cuda.json] [--runs 5]
-    python bench/device/flux2_klein_cuda.py --dry-run     # scaled-down configs on CPU: checks the script
+    python -m bench.device.flux2_klein_cuda [--out flux2_klein_cuda.json] [--runs 5]
+    python -m bench.device.flux2_klein_cuda --dry-run     # scaled-down configs on CPU: checks the script
 
-No hub, no weights: the pipeline is the real architecture (configs below, see README.md here for where each
-number comes from) with random weights, which cost the same FLOPs as trained ones. Per variant it reports the
-first call (compile) and its compile seconds, warm latency by CUDA events (median, min–max) and peak memory.
+Run it from the repository root (or anywhere acceldemo is installed). No hub, no weights: the pipeline is the real
+architecture (the configs acceldemo ships in acceldemo/models/configs/flux2-klein-4b/, each file naming where its
+numbers come from; see also README.md here) with random weights, which cost the same FLOPs as trained ones. Per
+variant it reports the first call (compile) and its compile seconds, warm latency by CUDA events (median, min–max)
+and peak memory.
 """
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ import shutil
 import statistics
 import sys
 import time
+from importlib.resources import files
 from pathlib import Path
 
-# The repository root, so the byte-level tokenizer of the embedded tiny models can be reused from a checkout.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from acceldemo.models import real_configs
 
 VARIANTS = ("eager", "compiled", "regional")
 # Opt-in (--variants ...,precompiled): the app's restart path, an AOTInductor package built, then loaded again.
@@ -32,21 +34,15 @@ ANCHORS = {
     "FLUX.1-schnell, 4 steps, 1024x1024, H100": "about 0.72 s p50",
 }
 
-# Qwen3-4B, the text encoder of FLUX.2-klein-4B; the pipeline reads hidden states 9, 18 and 27 of its 36 layers.
-TEXT_ENCODER = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
-# Flux2Transformer2DModel of klein-4B: 5 double-stream + 20 single-stream blocks, 24 heads x 128 = 3072 wide,
-# text features = 3 stacked Qwen3 hidden states (3 x 2560), no guidance embedding (step-distilled).
-TRANSFORMER = dict(patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128,
-                   num_attention_heads=24, joint_attention_dim=3 * 2560, timestep_guidance_channels=256,
-                   mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False)
-# AutoencoderKLFlux2: diffusers' defaults are the FLUX.2 VAE (32 latent channels, 2x2 patches -> 128 for the DiT).
-VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=32, norm_num_groups=32,
-           patch_size=(2, 2))
-# FLUX.2's scheduler: resolution-dependent shift.
-SCHEDULER = dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
-                 max_image_seq_len=4096, time_shift_type="exponential")
+# The full-size architecture is the one acceldemo's catalog describes (acceldemo/models/configs/flux2-klein-4b/):
+# Qwen3-4B as the text encoder (the pipeline reads hidden states 9, 18 and 27 of its 36 layers); the
+# Flux2Transformer2DModel of klein-4B, 5 double-stream + 20 single-stream blocks, 24 heads x 128 = 3072 wide, text
+# features = 3 stacked Qwen3 hidden states (3 x 2560), no guidance embedding (step-distilled); the FLUX.2 VAE (32
+# latent channels, 2x2 patches -> 128 for the DiT); FLUX.2's scheduler with resolution-dependent shift.
+MODEL = "flux2-klein-4b"
+# The byte-level Qwen2 tokenizer of the embedded tiny model (package data of acceldemo): a prompt's token count is
+# all that matters to the timings.
+TOKENIZER = files("acceldemo.models.shapes") / "weights" / "tokenizer"
 
 # --dry-run: the same architecture scaled down to run on CPU in seconds (depth of the text encoder kept: the
 # pipeline reads its layer 27).
@@ -57,22 +53,29 @@ DRY_TRANSFORMER = dict(num_layers=2, num_single_layers=2, attention_head_dim=16,
 DRY_VAE = dict(block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4)
 
 
+def _arguments(config: dict) -> dict:
+    """A shipped config as constructor arguments: without its class name, and without a saved dtype (this script
+    picks the dtype)."""
+    return {key: value for key, value in config.items() if not key.startswith("_") and key != "torch_dtype"}
+
+
 def configs(dry_run: bool) -> dict[str, dict]:
-    """The component configs: the real sizes, or the --dry-run ones."""
-    parts = {"text_encoder": (TEXT_ENCODER, DRY_TEXT_ENCODER), "transformer": (TRANSFORMER, DRY_TRANSFORMER),
-             "vae": (VAE, DRY_VAE), "scheduler": (SCHEDULER, {})}
-    return {name: {**full, **(dry if dry_run else {})} for name, (full, dry) in parts.items()}
+    """The component configs: the real sizes (acceldemo's shipped configs), or the --dry-run ones."""
+    full = {"text_encoder": real_configs.component_config(MODEL, "text_encoder"),
+            "transformer": real_configs.component_config(MODEL, "transformer"),
+            "vae": real_configs.component_config(MODEL, "vae"),
+            "scheduler": real_configs.scheduler_config(MODEL)}
+    dry = {"text_encoder": DRY_TEXT_ENCODER, "transformer": DRY_TRANSFORMER, "vae": DRY_VAE, "scheduler": {}}
+    return {name: {**_arguments(config), **(dry[name] if dry_run else {})} for name, config in full.items()}
 
 
 def build_pipeline(config: dict[str, dict], device: str, dtype):
     """Flux2KleinPipeline from configs with random weights, built straight on `device` in `dtype` (fast init)."""
     import torch
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from acceldemo.models.tiny import _qwen2_tokenizer
-
-    tokenizer = _qwen2_tokenizer()
+    tokenizer = Qwen2Tokenizer.from_pretrained(str(TOKENIZER))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

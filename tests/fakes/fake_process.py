@@ -18,7 +18,6 @@ _RESULT_MARKER = "FAKE-DEVICE-RESULT:"
 # The fake goes in before the code runs, so before anything imports diffusers.
 _BOOTSTRAP = f"""
 import json, sys
-sys.path.insert(0, sys.argv[2])
 from tests.fakes.fake_device import install_fake_device
 install_fake_device(sys.argv[1])
 namespace = {{"__name__": "__fake_device_process__"}}
@@ -52,8 +51,11 @@ def run_in_fake_device_process(
         "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         **(env or {}),
     }
+    # The checkout goes first on the child's import path (tests.fakes, and acceldemo itself), before any folder the
+    # caller's PYTHONPATH names.
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), child_env.get("PYTHONPATH")) if p)
     completed = subprocess.run(
-        [sys.executable, "-c", _BOOTSTRAP, device, str(REPO_ROOT)],
+        [sys.executable, "-c", _BOOTSTRAP, device],
         input=textwrap.dedent(code),
         capture_output=True,
         text=True,
