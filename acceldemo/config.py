@@ -223,7 +223,7 @@ def cache_dir_note(settings: Settings, environ: dict[str, str] | None = None, da
     elif settings.cache_dir == data / "acceldemo":
         why = f"{data} is writable (a persistent volume)"
     else:
-        why = f"{data} is absent or not writable: caches do not outlive this container"
+        why = f"{data} is absent or not writable: no persistent volume, caches live in the home folder"
     return f"cache directory {settings.cache_dir} ({why})"
 
 

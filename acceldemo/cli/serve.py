@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 
-from ..config import Settings, per_hardware, store_url
+from ..config import Settings, cache_dir_note, per_hardware, store_url
 from ..errors import AcceldemoError, UnknownName
 from .common import HelpFormatter
 
@@ -114,6 +114,7 @@ def serve(args: argparse.Namespace) -> int:
     # exit that runs the atexit clean-ups (the image folder, any worker pool) instead of a kill that skips them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log.info(cache_dir_note(settings))
     import uvicorn
 
     from ..builder import build_engine
