@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from tests.test_browser import open_folds
+
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by scripts/test.sh")
 CHROMIUM = "/usr/bin/chromium"
 
@@ -31,6 +33,7 @@ def test_the_image_forms_in_place_before_the_final_image(server):
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
         page.goto(server + "/")
         page.wait_for_selector("#generate")
+        open_folds(page)
         page.locator("#steps input").fill("8")
         page.locator("#seed input").fill("7")
         page.evaluate(WATCH)

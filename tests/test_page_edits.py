@@ -109,7 +109,7 @@ def test_a_style_changes_the_image_and_none_gives_the_plain_one_back(client, url
 
 def test_in_the_browser_each_model_offers_its_styles_and_edit_this_starts_an_edit(url):
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by scripts/test.sh")
-    from tests.test_browser import CHROMIUM, choose
+    from tests.test_browser import CHROMIUM, choose, open_folds
 
     if not os.path.exists(CHROMIUM) and not os.environ.get("CI"):
         pytest.skip("Debian chromium is installed by scripts/test.sh")
@@ -130,6 +130,7 @@ def test_in_the_browser_each_model_offers_its_styles_and_edit_this_starts_an_edi
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(url + "/")
             page.wait_for_selector("#generate")
+            open_folds(page)
             assert styles() == ["none", "outline", STYLE]
             choose(page, "model", get_model("tiny-flux2-klein").title)
             page.locator("#strength").get_by_text("not used").wait_for()

@@ -86,11 +86,13 @@ def serve_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 def prepare_environment() -> None:
     """Before Gradio is imported: no analytics, and generated images in a private (0700) folder of this process,
-    removed when it exits."""
+    removed when it exits. The examples' cached pictures live there too: drawn by this process's weights, never a
+    folder in the working directory that a later version would read back as current."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     if "GRADIO_TEMP_DIR" not in os.environ:
         os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="acceldemo-images-")
         atexit.register(shutil.rmtree, os.environ["GRADIO_TEMP_DIR"], True)
+    os.environ.setdefault("GRADIO_EXAMPLES_CACHE", os.path.join(os.environ["GRADIO_TEMP_DIR"], "examples"))
 
 
 def _refuse(message: object) -> int:

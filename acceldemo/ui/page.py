@@ -2,6 +2,7 @@
 result (or its error) back, and the panels render the engine's snapshot."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -9,6 +10,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
@@ -121,35 +123,53 @@ def describe_edit(edit: EditInput) -> str:
 
 
 def describe_result(result: GenerateResult) -> str:
-    """The facts a person reads beside the image."""
+    """The facts a person reads beside the image: first the timing line (total, compile, denoise, load, queue wait,
+    and what the acceleration choices bought), then what was drawn and how. Only a compiled mode speaks of graphs:
+    whether this call compiled, loaded saved artifacts or reused what was compiled."""
     r = result.request
-    drawn_with = [describe_edit(r.edit)] if r.edit else []
-    if r.lora:
-        drawn_with.append(f"style **{r.lora}** at strength {r.lora_scale:g}")
     if result.from_cache:
         return (f"**{r.width}x{r.height}** · {r.model} · seed {r.seed} · **from cache**: an identical request drew "
                 f"this image before; answered in {result.seconds * 1000:.2f} ms")
-    cache = result.facts()["step_cache"]
+    timing = [f"total **{result.seconds:.3f} s**"]
+    if r.mode.compiles:
+        timing.append(f"compile {result.compile_seconds:.2f} s")
+    if result.denoise_seconds is not None:
+        timing.append(f"denoise {result.denoise_seconds:.2f} s")
+    timing += [f"load {result.load_seconds:.2f} s", f"queue wait {result.queue_wait:.2f} s"]
+    what = [f"**{r.width}x{r.height}**", r.model, str(result.key.devices), str(r.mode), str(r.placement),
+            f"steps {r.steps}", f"seed {r.seed}"]
+    if r.mode.compiles:
+        what.append("reused a compiled graph" if result.warm else
+                    f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
+                    f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused"
+                    if result.compile_cache_hits else "first visit to this shape: no graph compiled")
+    if result.batch > 1:
+        what.append(together(result.batch - 1))
+    return "  \n".join([" · ".join(timing + bought(result)), " · ".join(what), *drawn_with(r),
+                        *([f"**{result.note}**"] if result.note else [])])
+
+
+def bought(result: GenerateResult) -> list[str]:
+    """What the acceleration choices did for this image: the step cache's skipped calls, the weights' size."""
+    cache, notes = result.facts()["step_cache"], []
     if cache["ran"] != "none":
-        drawn_with.append(f"step cache **{cache['ran']}**: {cache['skipped']} of {cache['calls']} transformer calls "
-                          "answered from the cache")
+        notes.append(f"step cache **{cache['ran']}**: {cache['skipped']} of {cache['calls']} transformer calls "
+                     "answered from the cache")
     elif cache["asked"] == "auto":
-        drawn_with.append(f"step cache auto: none ({cache['why']})")
-    if r.quantization is not Quantization.NONE:
-        drawn_with.append(f"**{r.quantization}** weights")
+        notes.append(f"step cache auto: none ({cache['why']})")
+    if result.request.quantization is not Quantization.NONE:
+        notes.append(f"**{result.request.quantization}** weights")
     if result.weight_bytes:
-        drawn_with.append(f"weights {result.weight_bytes / 1e6:.1f} MB")
-    reuse = "reused a compiled graph" if result.warm else (
-        f"first visit: {result.new_graphs} graph(s) compiled" if result.new_graphs else
-        f"first visit: {result.compile_cache_hits} saved compile artifact(s) reused" if result.compile_cache_hits
-        else "first visit to this shape")
-    return (f"**{r.width}x{r.height}** · {r.model} · {result.key.devices} · {r.mode} · {r.placement}  \n"
-            f"total **{result.seconds:.3f} s** · compile {result.compile_seconds:.2f} s · load "
-            f"{result.load_seconds:.2f} s · queue wait {result.queue_wait:.2f} s  \n"
-            f"{reuse} · graphs added: {result.new_graphs} · steps {r.steps} · seed {r.seed}"
-            + (f" · {together(result.batch - 1)}" if result.batch > 1 else "")
-            + (f"  \n{' · '.join(drawn_with)}" if drawn_with else "")
-            + (f"  \n**{result.note}**" if result.note else ""))
+        notes.append(f"weights {result.weight_bytes / 1e6:.1f} MB")
+    return notes
+
+
+def drawn_with(request) -> list[str]:
+    """The edit and the style an image was drawn with, one line (none when it was neither)."""
+    parts = [describe_edit(request.edit)] if request.edit else []
+    if request.lora:
+        parts.append(f"style **{request.lora}** at strength {request.lora_scale:g}")
+    return [" · ".join(parts)] if parts else []
 
 
 def describe_packages(store: dict) -> str:
@@ -321,96 +341,98 @@ def strength_use(model: ModelView) -> dict:
                                           "what the prompt draws)"}
 
 
-def build_page(engine: Engine) -> gr.Blocks:
-    """The page over one engine: its description fills the selectors, its snapshot the panels."""
-    description = engine.describe()
-    default = description.model(description.default_model)
-    default_hw = description.default_hardware
-    default_presets = [str(s) for s in default.presets]
-    catalog = {m.name: m for m in description.models}
+class Handlers:
+    """What the page's events do: each turns the page's values into one engine call (off the event loop where it
+    works: checking decodes pictures, a file is written) and its result, or its error, back."""
 
-    outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-    # The running job of each browser session: Stop ends it at its next denoise step.
-    running: dict[str, WatchedJob] = {}
+    def __init__(self, engine: Engine, catalog: dict[str, ModelView]):
+        self.engine, self.catalog = engine, catalog
+        self.outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
+        # The running job of each browser session: Stop ends it at its next denoise step.
+        self.running: dict[str, WatchedJob] = {}
 
-    def offer(model, hardware, placement=None) -> Offer | str:
+    def offer(self, model, hardware, placement=None) -> Offer | str:
         try:
-            return engine.offer(model, hardware, None if placement in (None, AUTO) else Placement(placement))
+            return self.engine.offer(model, hardware, None if placement in (None, AUTO) else Placement(placement))
         except (AcceldemoError, ValueError) as error:
             return str(error)
 
-    async def follow(job: WatchedJob, progress: gr.Progress):
-        async for event in job.events():
-            _show(progress, event)
-        return await job.result()
+    async def image_file(self, image) -> str:
+        return await asyncio.to_thread(image_file, image, self.outputs)
+
+    async def follow(self, submit, progress: gr.Progress):
+        """A job to its end, its progress shown; the engine's refusal or error as the page's message."""
+        try:
+            job = WatchedJob(submit)
+            async for event in job.events():
+                _show(progress, event)
+            return await job.result()
+        except AcceldemoError as error:
+            raise gr.Error(str(error), print_exception=False) from None
 
     # The edit and style inputs come last and have defaults: gradio_client callers that send the first ten values
     # positionally keep working.
-    async def generate(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+    async def generate(self, prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
                        picture=None, strength=DEFAULT_STRENGTH, lora=NO_STYLE, lora_scale=1.0,
                        step_cache=NO_CACHE, quantization=str(Quantization.NONE),
                        session: gr.Request = None, progress=gr.Progress()):
         """The image forming in place: each preview as it comes (of the first image), then the image and its facts."""
+        params = _params(prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
+                         previews=True, picture=picture, strength=strength, lora=lora, lora_scale=lora_scale,
+                         step_cache=step_cache, quantization=quantization)
         try:
-            request = engine.check(_params(prompt, model, hardware, mode, placement, tp_size, resolution, steps,
-                                           guidance, seed, previews=True, picture=picture, strength=strength,
-                                           lora=lora, lora_scale=lora_scale, step_cache=step_cache,
-                                           quantization=quantization))
-            job = running[session.session_hash] = WatchedJob(lambda report: engine.submit(request, report))
+            request = await asyncio.to_thread(self.engine.check, params)
+            job = self.running[session.session_hash] = WatchedJob(lambda report: self.engine.submit(request, report))
             try:
                 async for event in job.events():
                     _show(progress, event)
                     if event.preview is not None and event.image == 0:
-                        yield image_file(event.preview.image(), outputs), gr.skip(), gr.skip()
+                        yield await self.image_file(event.preview.image()), gr.skip(), gr.skip()
                 result = await job.result()
             finally:
                 job.cancel()  # a no-op once it ended; stops it when the page went away or Stop cancelled the event
-                running.pop(session.session_hash, None)
+                self.running.pop(session.session_hash, None)
         except AcceldemoError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        yield image_file(result.image, outputs), describe_result(result), result.facts()
+        yield await self.image_file(result.image), describe_result(result), result.facts()
 
-    async def compare(prompt, model, resolution, seed, *sides, progress=gr.Progress()):
+    async def example(self, prompt, model, progress=gr.Progress()):
+        """An example of an embedded model as the page's defaults draw it (eager, here, its default size, seed 0):
+        drawn at its first click, then answered from Gradio's example cache."""
+        request = await asyncio.to_thread(self.engine.check, GenerateParams(prompt=prompt, model=model, seed=0))
+        result = await self.follow(lambda report: self.engine.submit(request, report), progress)
+        return await self.image_file(result.image), describe_result(result)
+
+    async def compare(self, prompt, model, resolution, seed, *sides, progress=gr.Progress()):
         """Two configurations of one prompt and seed, the first drawn then the second: both images, the figures."""
         first, second = (_params(prompt, model, hardware, mode, placement, None, resolution, steps or None, None,
                                  seed, step_cache=step_cache, quantization=quantization)
                          for hardware, mode, placement, step_cache, quantization, steps in (sides[:6], sides[6:]))
-        try:
-            comparison = await follow(WatchedJob(lambda report: engine.submit_comparison(first, second, report)),
-                                      progress)
-        except AcceldemoError as error:
-            raise gr.Error(str(error), print_exception=False) from None
-        return (image_file(comparison.first.image, outputs), image_file(comparison.second.image, outputs),
+        comparison = await self.follow(lambda report: self.engine.submit_comparison(first, second, report), progress)
+        return (await self.image_file(comparison.first.image), await self.image_file(comparison.second.image),
                 describe_comparison(comparison), comparison.facts())
 
-    def stop_job(session: gr.Request) -> str:
-        job = running.get(session.session_hash)
-        if job is None:
-            return NOTHING_TO_STOP
-        job.cancel()
+    def stop(self, session: gr.Request):
+        """Ends this session's running job; Generate comes back in the place of Stop."""
+        job = self.running.get(session.session_hash)
+        if job is not None:
+            job.cancel()
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
-        return STOPPED
+        return (NOTHING_TO_STOP if job is None else STOPPED), *drawing(False)
 
-    def edit_this(drawn):
-        """The image just drawn as the picture to edit (nothing drawn yet: the picture stays)."""
-        return gr.skip() if drawn is None else drawn
-
-    async def warm_up(shapes, model, hardware, mode, placement, tp_size, batches=("1",), progress=gr.Progress()):
+    async def warm_up(self, shapes, model, hardware, mode, placement, tp_size, batches=("1",),
+                      progress=gr.Progress()):
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
         params = _params("warm-up", model, hardware, mode, placement, tp_size, None, None, None, None)
         sizes = [int(b) for b in batches or ("1",) if str(b).isdigit()]
-        try:
-            records = await follow(WatchedJob(lambda report: engine.submit_warm_up(params, shapes, report, sizes)),
-                                   progress)
-        except AcceldemoError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+        records = await self.follow(lambda report: self.engine.submit_warm_up(params, shapes, report, sizes), progress)
         return "Warmed: " + ", ".join(f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} ({r.state}, "
                                       f"{r.compile_seconds:.2f} s compile)" for r in records)
 
-    def refresh_status(drawn):
+    def refresh_status(self, drawn):
         """The panels; the chart is drawn again only when its points changed since this page last drew it."""
-        snapshot = engine.snapshot()
+        snapshot = self.engine.snapshot()
         counters = snapshot.counters
         line = (f"Line: {snapshot.queue_depth} waiting (limit {snapshot.queue_limit}) · requests "
                 + ", ".join(f"{outcome} {count}" for outcome, count in counters.requests.items())
@@ -421,178 +443,235 @@ def build_page(engine: Engine) -> gr.Blocks:
             f"Start-up warm-up: {snapshot.startup.shown}  \n{line}  \n{describe_packages(snapshot.precompiled)}", \
             points
 
-    def notes_and_sizes(model, hardware, placement) -> tuple[str, dict]:
-        found = offer(model, hardware, placement)
+    def notes_and_sizes(self, model, hardware, placement) -> tuple[str, dict]:
+        found = self.offer(model, hardware, placement)
         if isinstance(found, str):
             return found, gr.update(choices=[], value=None)
         return option_notes(found), gr.update(**tp_size_choices(found))
 
-    def on_model(model, hardware, placement):
-        spec = catalog.get(model)
+    def on_model(self, model, hardware, placement):
+        """A model picked: its sizes, steps, guidance, styles, strength use and step caches everywhere they show."""
+        spec = self.catalog.get(model)
         if spec is None:
-            return (gr.skip(), gr.skip(), gr.skip(), *notes_and_sizes(model, hardware, placement), gr.skip(),
-                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            return (gr.skip(), gr.skip(), gr.skip(), *self.notes_and_sizes(model, hardware, placement),
+                    *[gr.skip()] * 8)
         presets = [str(s) for s in spec.presets]
         caches = step_cache_choices(spec)
         return (gr.update(choices=presets, value=str(spec.default_size)), spec.steps, spec.guidance,
-                *notes_and_sizes(model, hardware, placement),
+                *self.notes_and_sizes(model, hardware, placement),
                 gr.update(choices=presets, value=[str(spec.default_size)]),
                 gr.update(choices=style_choices(spec), value=NO_STYLE), gr.update(**strength_use(spec)),
                 gr.update(choices=caches, value=NO_CACHE), gr.update(choices=caches, value=NO_CACHE),
                 gr.update(choices=caches, value=AUTO_CACHE if AUTO_CACHE in caches else NO_CACHE), spec.steps,
                 spec.steps)
 
-    def on_hardware(model, hardware, placement):
-        return notes_and_sizes(model, hardware, placement)
 
-    def on_placement(model, hardware, placement):
-        return notes_and_sizes(model, hardware, placement)[0]
+def drawing(busy: bool) -> tuple[dict, dict]:
+    """Generate and Stop as a draw starts (Stop in Generate's place) and ends (Generate back)."""
+    return gr.update(visible=not busy), gr.update(visible=busy)
 
-    first_offer = offer(default.name, default_hw)
+
+def mode_choices() -> list[str]:
+    return [str(m) for m in all_modes()]
+
+
+def draw_controls(on: Handlers, description: Description, r: SimpleNamespace) -> SimpleNamespace:
+    """The first screen's left side: the prompt with Generate (Stop in its place while drawing) and the examples
+    right under it, the four choices people change most, then Advanced and the edit/style inputs folded away."""
+    default, default_hw, c = description.model(description.default_model), description.default_hardware, \
+        SimpleNamespace()
+    # Made first and placed below: the examples right under the prompt pick the model.
+    c.model = gr.Dropdown([(m.title, m.name) for m in description.models], value=default.name, label="Model",
+                          elem_id="model", min_width=160, render=False)
+    with gr.Row(equal_height=False, elem_id="prompt-row"):
+        c.prompt = gr.Textbox(label="Prompt (Enter draws)", value="a red circle on a blue background, top left",
+                              lines=1, max_lines=4, elem_id="prompt", scale=4, min_width=180)
+        c.run = gr.Button("Generate", variant="primary", elem_id="generate", scale=1, min_width=110)
+        c.stop = gr.Button("Stop", variant="stop", elem_id="stop", scale=1, min_width=110, visible=False)
+    example_lists(on, description, c, r)
+    with gr.Row():
+        c.model.render()
+        c.hardware = gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
+                                 elem_id="hardware", min_width=160)
+        c.mode = gr.Dropdown(mode_choices(), value=mode_choices()[0], label="Mode", elem_id="mode", min_width=120)
+        # The model's presets; a typed size reaches the engine, which says why it is refused.
+        c.resolution = gr.Dropdown([str(s) for s in default.presets], value=str(default.default_size),
+                                   allow_custom_value=True, label="Resolution (WxH, presets or typed)",
+                                   elem_id="resolution", min_width=120)
+    with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+        with gr.Row():
+            # Any typed name reaches the engine, which says why a cache is refused for a model or mode.
+            c.step_cache = gr.Dropdown(step_cache_choices(default), value=NO_CACHE, allow_custom_value=True,
+                                       label="Step cache (reuse work across steps)", elem_id="step-cache")
+            c.quantization = gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE),
+                                         label="Weights", elem_id="quantization")
+        with gr.Row():
+            c.steps = gr.Number(default.steps, label="Steps", precision=0, elem_id="steps", min_width=90)
+            c.guidance = gr.Number(default.guidance, label="Guidance", elem_id="guidance", min_width=90)
+            c.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=90)
+            c.dice = gr.Button("Random seed", size="sm", min_width=90)
+    with gr.Accordion("Edit a picture, or draw in a style", open=False, elem_id="edit-style") as c.edit_fold:
+        c.picture = picture_upload(label="Picture to edit (optional)", type="pil", format="png",
+                                   sources=["upload", "clipboard"], height=192, elem_id="picture")
+        c.strength = gr.Slider(0.05, 1, value=DEFAULT_STRENGTH, step=0.05, label="Edit strength",
+                               elem_id="strength", **strength_use(default))
+        with gr.Row():
+            # Any typed name reaches the engine, which names the styles a model offers: an API caller may ask for
+            # another model's style than the first model's listed here.
+            c.lora = gr.Dropdown(style_choices(default), value=NO_STYLE, allow_custom_value=True,
+                                 label="Style (LoRA)", elem_id="lora")
+            c.lora_scale = gr.Slider(0, 2, value=1.0, step=0.05, label="Style strength", elem_id="lora-scale")
+    return c
+
+
+def result_panel() -> SimpleNamespace:
+    """The first screen's right side: the picture (display-only, with download and full screen), its facts with the
+    timing line first, and Edit this. Made before they are placed (`render`), as the examples draw into them."""
+    r = SimpleNamespace()
+    r.image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384, interactive=False,
+                       buttons=["download", "fullscreen"], render=False)
+    r.facts = gr.Markdown(elem_id="facts", render=False)
+    r.edit = gr.Button("Edit this", size="sm", elem_id="edit-this", render=False)
+    r.facts_json = gr.JSON(label="Facts (JSON)", visible=False, render=False)
+    return r
+
+
+def compare_tab(description: Description, default: ModelView, default_hw: str) -> SimpleNamespace:
+    """Compare: the prompt, model, resolution and seed of the first tab under two configurations."""
+    c = SimpleNamespace(sides=[])
+    gr.Markdown("The prompt, model, resolution and seed of the Generate tab, drawn under A, then under B, on the same "
+                "line as every request: both pictures, their times, B's speed against A's and how far apart the "
+                "pictures are.")
+    with gr.Row():
+        for side in ("a", "b"):
+            with gr.Column(min_width=280):
+                gr.Markdown(f"**{side.upper()}**")
+                c.sides += [
+                    gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
+                                elem_id=f"compare-{side}-hardware"),
+                    gr.Dropdown(mode_choices(), value=mode_choices()[0], label="Mode", elem_id=f"compare-{side}-mode"),
+                    gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
+                                elem_id=f"compare-{side}-placement"),
+                    gr.Dropdown(step_cache_choices(default), value=NO_CACHE if side == "a" else AUTO_CACHE,
+                                allow_custom_value=True, label="Step cache", elem_id=f"compare-{side}-step-cache"),
+                    gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE), label="Weights",
+                                elem_id=f"compare-{side}-quantization"),
+                    gr.Number(default.steps, label="Steps", precision=0, elem_id=f"compare-{side}-steps")]
+    c.button = gr.Button("Compare", variant="primary", elem_id="compare")
+    with gr.Row():
+        c.a = gr.Image(label="A", type="pil", format="png", elem_id="compare-a-image", height=256, interactive=False)
+        c.b = gr.Image(label="B", type="pil", format="png", elem_id="compare-b-image", height=256, interactive=False)
+    c.facts = gr.Markdown(elem_id="compare-facts")
+    c.json = gr.JSON(label="Comparison (JSON)", visible=False)
+    return c
+
+
+def operator_tab(default: ModelView, first_offer: Offer | str) -> SimpleNamespace:
+    """The operator's view: placement, warm-up, the start-up warm-up and the line, replicas, compiled shapes and the
+    latency chart."""
+    o = SimpleNamespace()
+    with gr.Row():
+        o.placement = gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement", elem_id="placement")
+        # Any typed size reaches the engine, which says why it is refused; the list is what works here.
+        o.tp_size = gr.Dropdown(label="Degree (tp: its sizes here; cp: typed)", allow_custom_value=True,
+                                elem_id="tp-size", **(tp_size_choices(first_offer) if isinstance(first_offer, Offer)
+                                                      else {"choices": []}))
+        o.other_host = gr.Dropdown(["", *host_kinds()], value="", label="On another host",
+                                   info="what this model would get there (python -m acceldemo plan)",
+                                   elem_id="other-host")
+    o.other_plan = gr.Markdown(elem_id="other-host-plan")
+    o.notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
+                          elem_id="mode-notes")
+    with gr.Accordion("Warm-up", open=True, elem_id="warm-up"):
+        default_presets = [str(s) for s in default.presets]
+        o.warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)], label="Shapes to compile")
+        o.warm_batches = gr.CheckboxGroup([str(b) for b in BUCKETS], value=["1"],
+                                          label="Batch sizes (waiting requests drawn together in one call)")
+        o.warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
+        o.warm_result = gr.Markdown()
+    o.startup = gr.Markdown(elem_id="startup")
+    gr.Markdown("### Replicas")
+    o.replicas = gr.Dataframe(headers=REPLICA_COLUMNS, interactive=False, elem_id="replicas")
+    gr.Markdown("### Compiled shapes")
+    o.shapes = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
+    o.chart = gr.Plot(format="png", show_label=False, elem_id="latency")
+    return o
+
+
+def build_page(engine: Engine) -> gr.Blocks:
+    """The page over one engine: its description fills the selectors, its snapshot the panels. The first screen is
+    the prompt, Generate and the picture; Compare and the operator's view are tabs of their own."""
+    description = engine.describe()
+    default = description.model(description.default_model)
+    on = Handlers(engine, {m.name: m for m in description.models})
+    first_offer = on.offer(default.name, description.default_hardware)
     # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes.
     with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as page:
-        gr.Markdown("# acceldemo — diffusion on accelerators, with the compile cost in plain sight")
-        with gr.Row():
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(label="Prompt", value="a red circle on a blue background, top left", lines=2,
-                                    elem_id="prompt")
-                with gr.Row():
-                    model = gr.Dropdown([(m.title, m.name) for m in description.models], value=default.name,
-                                        label="Model", elem_id="model")
-                    hardware = gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
-                                           elem_id="hardware")
-                    mode = gr.Dropdown([str(m) for m in all_modes()], value=str(all_modes()[0]), label="Mode",
-                                       elem_id="mode")
-                    # The model's presets; a typed size reaches the engine, which says why it is refused.
-                    resolution = gr.Dropdown(default_presets, value=str(default.default_size),
-                                             allow_custom_value=True, label="Resolution (WxH, presets or typed)",
-                                             elem_id="resolution")
-                with gr.Row():
-                    # Any typed name reaches the engine, which says why a cache is refused for a model or mode.
-                    step_cache = gr.Dropdown(step_cache_choices(default), value=NO_CACHE, allow_custom_value=True,
-                                             label="Step cache (reuse work across steps)", elem_id="step-cache")
-                    quantization = gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE),
-                                               label="Weights", elem_id="quantization")
-                with gr.Row():
-                    steps = gr.Number(default.steps, label="Steps", precision=0, elem_id="steps")
-                    guidance = gr.Number(default.guidance, label="Guidance", elem_id="guidance")
-                    seed = gr.Number(0, label="Seed", precision=0, elem_id="seed")
-                    dice = gr.Button("Random seed", size="sm")
-                with gr.Accordion("Placement (advanced)", open=False):
-                    with gr.Row():
-                        placement = gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
-                                                elem_id="placement")
-                        # Any typed size reaches the engine, which says why it is refused; the list is what works here.
-                        tp_size = gr.Dropdown(label="Degree (tp: its sizes here; cp: typed)", allow_custom_value=True,
-                                              elem_id="tp-size",
-                                              **(tp_size_choices(first_offer) if isinstance(first_offer, Offer)
-                                                 else {"choices": []}))
-                    with gr.Row():
-                        other_host = gr.Dropdown(["", *host_kinds()], value="", label="On another host",
-                                                 info="what this model would get there (python -m acceldemo plan)",
-                                                 elem_id="other-host")
-                    other_plan = gr.Markdown(elem_id="other-host-plan")
-                notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
-                                    elem_id="mode-notes")
-                with gr.Row():
-                    picture = picture_upload(label="Picture to edit (optional)", type="pil", format="png",
-                                             sources=["upload", "clipboard"], height=192, elem_id="picture")
-                    with gr.Column():
-                        strength = gr.Slider(0.05, 1, value=DEFAULT_STRENGTH, step=0.05, label="Edit strength",
-                                             elem_id="strength", **strength_use(default))
-                        # Any typed name reaches the engine, which names the styles a model offers: an API caller
-                        # may ask for another model's style than the first model's listed here.
-                        lora = gr.Dropdown(style_choices(default), value=NO_STYLE, allow_custom_value=True,
-                                           label="Style (LoRA)", elem_id="lora")
-                        lora_scale = gr.Slider(0, 2, value=1.0, step=0.05, label="Style strength",
-                                               elem_id="lora-scale")
-                with gr.Row():
-                    run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
-                for spec in description.models:
-                    if spec.example_prompts:  # a click fills the prompt and picks the model it is for
-                        gr.Examples([[text, spec.name] for text in spec.example_prompts], [prompt, model],
-                                    label=f"Prompts {spec.name} knows", elem_id=f"examples-{spec.name}",
-                                    visible_columns=[0])
-            with gr.Column(scale=2):
-                # Display-only: the drawn picture, with download and full screen, never an upload area.
-                image = gr.Image(label="Image", type="pil", format="png", elem_id="image", height=384,
-                                 interactive=False, buttons=["download", "fullscreen"])
-                edit_button = gr.Button("Edit this", size="sm", elem_id="edit-this")
-                facts = gr.Markdown(elem_id="facts")
-                facts_json = gr.JSON(label="Facts (JSON)", visible=False)
-        with gr.Accordion("Compare two configurations", open=False, elem_id="compare-section"):
-            gr.Markdown("The prompt, model, resolution and seed above, drawn under A, then under B, on the same line "
-                        "as every request: both pictures, their times, B's speed against A's and how far apart the "
-                        "pictures are.")
-            sides = []
-            with gr.Row():
-                for side in ("a", "b"):
-                    with gr.Column():
-                        gr.Markdown(f"**{side.upper()}**")
-                        sides += [
-                            gr.Dropdown(hardware_choices(description), value=default_hw, label="Hardware",
-                                        elem_id=f"compare-{side}-hardware"),
-                            gr.Dropdown([str(m) for m in all_modes()], value=str(all_modes()[0]), label="Mode",
-                                        elem_id=f"compare-{side}-mode"),
-                            gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement",
-                                        elem_id=f"compare-{side}-placement"),
-                            gr.Dropdown(step_cache_choices(default), value=NO_CACHE if side == "a" else AUTO_CACHE,
-                                        allow_custom_value=True, label="Step cache",
-                                        elem_id=f"compare-{side}-step-cache"),
-                            gr.Dropdown([str(q) for q in Quantization], value=str(Quantization.NONE),
-                                        label="Weights", elem_id=f"compare-{side}-quantization"),
-                            gr.Number(default.steps, label="Steps", precision=0, elem_id=f"compare-{side}-steps")]
-            compare_button = gr.Button("Compare", variant="primary", elem_id="compare")
-            with gr.Row():
-                compare_a = gr.Image(label="A", type="pil", format="png", elem_id="compare-a-image", height=256)
-                compare_b = gr.Image(label="B", type="pil", format="png", elem_id="compare-b-image", height=256)
-            compare_facts = gr.Markdown(elem_id="compare-facts")
-            compare_json = gr.JSON(label="Comparison (JSON)", visible=False)
-        with gr.Accordion("Warm-up", open=False):
-            warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)],
-                                           label="Shapes to compile")
-            warm_batches = gr.CheckboxGroup([str(b) for b in BUCKETS], value=["1"],
-                                            label="Batch sizes (waiting requests drawn together in one call)")
-            warm_button = gr.Button("Warm up these shapes", elem_id="warmup")
-            warm_result = gr.Markdown()
-        gr.Markdown("## Replicas")
-        startup_text = gr.Markdown(elem_id="startup")
-        replicas_table = gr.Dataframe(headers=REPLICA_COLUMNS, interactive=False, elem_id="replicas")
-        gr.Markdown("## Compiled shapes")
-        table = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
-        chart = gr.Plot(format="png", show_label=False, elem_id="latency")
-        timer = gr.Timer(2.0)
-
-        inputs = [prompt, model, hardware, mode, placement, tp_size, resolution, steps, guidance, seed,
-                  picture, strength, lora, lora_scale, step_cache, quantization]
-        generating = run.click(generate, inputs, [image, facts, facts_json], api_name="generate",
-                               concurrency_id="device")
-        stop_button.click(stop_job, None, facts, queue=False, cancels=[generating], api_visibility="private")
-        edit_button.click(edit_this, image, picture, queue=False, api_visibility="private")
-        compare_button.click(compare, [prompt, model, resolution, seed, *sides],
-                             [compare_a, compare_b, compare_facts, compare_json], api_name="compare",
-                             concurrency_id="device")
-        warm_button.click(warm_up, [warm_shapes, model, hardware, mode, placement, tp_size, warm_batches], warm_result,
-                          api_name="warm_up", concurrency_id="device")
-        drawn = gr.State(None)  # the chart's points as this page last drew them
-        panels = [table, replicas_table, chart, startup_text, drawn]
-        timer.tick(refresh_status, drawn, panels, queue=False, api_visibility="private")
-        page.load(refresh_status, drawn, panels, queue=False, api_visibility="private")
-
-        def pipelines() -> dict:
-            """What runs here (the engine's snapshot, as /status gives it)."""
-            return as_json(engine.snapshot())
-
-        gr.api(pipelines, api_name="status", queue=False)
-        dice.click(lambda: random.randint(0, 2**31 - 1), None, seed, queue=False, api_visibility="private")
-        model.change(on_model, [model, hardware, placement],
-                     [resolution, steps, guidance, notes, tp_size, warm_shapes, lora, strength, step_cache, sides[3],
-                      sides[9], sides[5], sides[11]], queue=False, api_visibility="private")
-        hardware.change(on_hardware, [model, hardware, placement], [notes, tp_size], queue=False,
-                        api_visibility="private")
-        placement.change(on_placement, [model, hardware, placement], notes, queue=False, api_visibility="private")
-        for changed in (other_host, model):
-            changed.change(lambda model, host: describe_plan(engine, model, host), [model, other_host], other_plan,
-                           queue=False, api_visibility="private")
+        gr.Markdown("## acceldemo\nDiffusion on accelerators, with the compile cost in plain sight.", elem_id="title")
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Generate", id="generate-tab", elem_id="generate-tab"):
+                r = result_panel()
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=320):
+                        c = draw_controls(on, description, r)
+                    with gr.Column(scale=1, min_width=320):
+                        for shown in (r.image, r.facts, r.edit, r.facts_json):
+                            shown.render()
+            with gr.Tab("Compare", id="compare-tab", elem_id="compare-section"):
+                k = compare_tab(description, default, description.default_hardware)
+            with gr.Tab("Operator", id="operator-tab", elem_id="operator-tab"):
+                o = operator_tab(default, first_offer)
+        wire(page, on, c, r, k, o)
     return page
+
+
+def example_lists(on: Handlers, description: Description, c: SimpleNamespace, r: SimpleNamespace) -> None:
+    """Each model's example prompts: a click fills the prompt and picks the model; an embedded model's example is
+    drawn at its first click and answered from Gradio's example cache after."""
+    for spec in (spec for spec in description.models if spec.example_prompts):
+        embedded = spec.repo is None
+        gr.Examples([[text, spec.name] for text in spec.example_prompts], [c.prompt, c.model],
+                    label=f"Prompts {spec.name} knows", elem_id=f"examples-{spec.name}", visible_columns=[0],
+                    **({"fn": on.example, "outputs": [r.image, r.facts], "cache_examples": True, "cache_mode": "lazy"}
+                       if embedded else {}))
+
+
+def wire(page: gr.Blocks, on: Handlers, c: SimpleNamespace, r: SimpleNamespace, k: SimpleNamespace,
+         o: SimpleNamespace) -> None:
+    """The page's events: each control to its handler."""
+    private = {"queue": False, "api_visibility": "private"}
+    inputs = [c.prompt, c.model, c.hardware, c.mode, o.placement, o.tp_size, c.resolution, c.steps, c.guidance, c.seed,
+              c.picture, c.strength, c.lora, c.lora_scale, c.step_cache, c.quantization]
+    started = gr.on([c.run.click, c.prompt.submit], lambda: drawing(True), None, [c.run, c.stop], **private)
+    generating = started.then(on.generate, inputs, [r.image, r.facts, r.facts_json], api_name="generate",
+                              concurrency_id="device")
+    for ended in (generating.then, generating.failure):  # Gradio's `then` does not follow a raised gr.Error
+        ended(lambda: drawing(False), None, [c.run, c.stop], **private)
+    c.stop.click(on.stop, None, [r.facts, c.run, c.stop], cancels=[generating], **private)
+    # The image just drawn as the picture to edit, its fold opened (nothing drawn yet: the picture stays).
+    r.edit.click(lambda drawn: (gr.skip(), gr.skip()) if drawn is None else (drawn, gr.update(open=True)), r.image,
+                 [c.picture, c.edit_fold], **private)
+    k.button.click(on.compare, [c.prompt, c.model, c.resolution, c.seed, *k.sides], [k.a, k.b, k.facts, k.json],
+                   api_name="compare", concurrency_id="device")
+    o.warm_button.click(on.warm_up, [o.warm_shapes, c.model, c.hardware, c.mode, o.placement, o.tp_size,
+                                     o.warm_batches], o.warm_result, api_name="warm_up", concurrency_id="device")
+    drawn = gr.State(None)  # the chart's points as this page last drew them
+    panels = [o.shapes, o.replicas, o.chart, o.startup, drawn]
+    gr.Timer(2.0).tick(on.refresh_status, drawn, panels, **private)
+    page.load(on.refresh_status, drawn, panels, **private)
+
+    def pipelines() -> dict:
+        """What runs here (the engine's snapshot, as /status gives it)."""
+        return as_json(on.engine.snapshot())
+
+    gr.api(pipelines, api_name="status", queue=False)
+    c.dice.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, **private)
+    c.model.change(on.on_model, [c.model, c.hardware, o.placement],
+                   [c.resolution, c.steps, c.guidance, o.notes, o.tp_size, o.warm_shapes, c.lora, c.strength,
+                    c.step_cache, k.sides[3], k.sides[9], k.sides[5], k.sides[11]], **private)
+    c.hardware.change(on.notes_and_sizes, [c.model, c.hardware, o.placement], [o.notes, o.tp_size], **private)
+    o.placement.change(lambda *values: on.notes_and_sizes(*values)[0], [c.model, c.hardware, o.placement], o.notes,
+                       **private)
+    for changed in (o.other_host, c.model):
+        changed.change(lambda model, host: describe_plan(on.engine, model, host), [c.model, o.other_host],
+                       o.other_plan, **private)
