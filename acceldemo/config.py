@@ -19,6 +19,62 @@ MAX_BATCH = 16
 _MEMORY_VARIABLE = re.compile(r"^ACCELDEMO_([A-Z0-9]+)_MEMORY_GB$")
 
 
+class _Env:
+    """Settings' reader of the environment: each value by its name, checked, or the error naming what is accepted."""
+
+    def __init__(self, environ):
+        self.environ = environ
+
+    @property
+    def names(self):
+        return list(self.environ)
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        return self.environ.get(name) or default
+
+    def number(self, name: str, default: float, kind=float):
+        value = self.environ.get(name)
+        if value in (None, ""):
+            return default
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is not accepted: a {'whole ' if kind is int else ''}number") from None
+
+    def bounded(self, name: str, default, low: float, high: float, kind=float):
+        value = self.number(name, default, kind)
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name}={self.environ.get(name)!r} is not accepted: a {'whole ' if kind is int else ''}"
+                             f"number from {low:g} to {high:g}")
+        return value
+
+    def json_object(self, name: str) -> dict:
+        value = self.environ.get(name)
+        if not value:
+            return {}
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{name}={value!r} is not accepted: a JSON object, e.g. " + JSON_EXAMPLES.get(name, "{}"))
+        return parsed
+
+    def switch(self, name: str, default: bool) -> bool:
+        value = (self.environ.get(name) or "").strip().lower()
+        if not value:
+            return default
+        if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"{name}={self.environ.get(name)!r} is not accepted: 1 or 0 (true or false)")
+        return value in ("1", "true", "yes", "on")
+
+    def choice(self, name: str, default: str, accepted: tuple[str, ...]) -> str:
+        value = self.environ.get(name) or default
+        if value not in accepted:
+            raise ValueError(f"{name}={value!r} is not accepted: accepted values are {', '.join(accepted)}")
+        return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What an operator can set. Each field is read from one ACCELDEMO_* variable by `from_env`; the server's address
@@ -102,58 +158,12 @@ class Settings:
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
+        env = _Env(os.environ if environ is None else environ)
+        text, number, bounded, json_object, switch, choice = (env.text, env.number, env.bounded, env.json_object,
+                                                              env.switch, env.choice)
         default_cache = default_cache_dir()
-
-        def text(name: str, default: str | None = None) -> str | None:
-            return env.get(name) or default
-
-        def number(name: str, default: float, kind=float):
-            value = env.get(name)
-            if value in (None, ""):
-                return default
-            try:
-                return kind(value)
-            except ValueError:
-                raise ValueError(f"{name}={value!r} is not accepted: a {'whole ' if kind is int else ''}number") \
-                    from None
-
-        def bounded(name: str, default, low: float, high: float, kind=float):
-            value = number(name, default, kind)
-            if value is not None and not low <= value <= high:
-                raise ValueError(f"{name}={env.get(name)!r} is not accepted: a {'whole ' if kind is int else ''}"
-                                 f"number from {low:g} to {high:g}")
-            return value
-
-        def json_object(name: str) -> dict:
-            value = env.get(name)
-            if not value:
-                return {}
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = None
-            if not isinstance(parsed, dict):
-                raise ValueError(f"{name}={value!r} is not accepted: a JSON object, e.g. "
-                                 + JSON_EXAMPLES.get(name, "{}"))
-            return parsed
-
-        def switch(name: str, default: bool) -> bool:
-            value = (env.get(name) or "").strip().lower()
-            if not value:
-                return default
-            if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(f"{name}={env.get(name)!r} is not accepted: 1 or 0 (true or false)")
-            return value in ("1", "true", "yes", "on")
-
-        def choice(name: str, default: str, accepted: tuple[str, ...]) -> str:
-            value = env.get(name) or default
-            if value not in accepted:
-                raise ValueError(f"{name}={value!r} is not accepted: accepted values are {', '.join(accepted)}")
-            return value
-
         model_dir = text("ACCELDEMO_MODEL_DIR")
-        memory = {match[1].lower(): number(name, 0.0) for name in env if (match := _MEMORY_VARIABLE.match(name))}
+        memory = {match[1].lower(): number(name, 0.0) for name in env.names if (match := _MEMORY_VARIABLE.match(name))}
         return Settings(
             cache_dir=Path(text("ACCELDEMO_CACHE_DIR", str(default_cache))),
             max_resident_pipelines=number("ACCELDEMO_MAX_RESIDENT", 3, int),
@@ -171,7 +181,7 @@ class Settings:
             cpu_compile_backend=text("ACCELDEMO_CPU_COMPILE_BACKEND", "inductor"),
             # ACCELDEMO_MODEL: the shorter name a Space's variables may use.
             default_model=text("ACCELDEMO_DEFAULT_MODEL") or text("ACCELDEMO_MODEL", "tiny-shapes"),
-            replicas=per_hardware("ACCELDEMO_REPLICAS", env.get("ACCELDEMO_REPLICAS")),
+            replicas=per_hardware("ACCELDEMO_REPLICAS", text("ACCELDEMO_REPLICAS")),
             cpu_devices=number("ACCELDEMO_CPU_DEVICES", None, int),
             pool_nnodes=max(number("ACCELDEMO_POOL_NNODES", 1, int), 1),
             pool_rdzv_endpoint=text("ACCELDEMO_POOL_RDZV_ENDPOINT"),

@@ -79,11 +79,11 @@ def test_flux1_served_from_a_package_matches_eager_and_a_second_pipeline_loads_i
 
     pipe, call = pipeline_and_call()
     eager = call()
-    apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings, store, spec)
+    apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings, spec, store)
     assert np.abs(call() - eager).max() < 1e-4
     assert pipe.transformer.forward.events["built"] == 1
     again, call_again = pipeline_and_call()
-    apply_recipe(again, cpu, Mode.COMPILED, Placement.DEVICE, settings, store, spec)
+    apply_recipe(again, cpu, Mode.COMPILED, Placement.DEVICE, settings, spec, store)
     assert np.abs(call_again() - eager).max() < 1e-4
     assert (again.transformer.forward.events["built"], again.transformer.forward.events["loaded"]) == (0, 1)
 

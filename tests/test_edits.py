@@ -212,7 +212,7 @@ def test_diffusers_inpainting_keeps_the_picture_outside_the_mask_and_compiles_no
     requests = [engine.check(GenerateParams(prompt, **edit)) for prompt in ("a cat", "a lighthouse at dusk")]
     local = LocalExecutor(engine.settings, engine.hardware).load(requests[0].key(DeviceSet("cpu", (0,))),
                                                                  get_model(requests[0].model), no_progress)
-    latents = [run_pipeline(local.pipe, engine.hardware.get("cpu"), request, False, no_progress,
+    latents = [run_pipeline(local.prepared, engine.hardware.get("cpu"), request, False, no_progress,
                             output_type="latent").images[0] for request in requests]
     # FLUX.1 hands back packed latents (8x8 tokens of 2x2 patches), klein its latent grid (channels, 16, 16).
     left, right = [(a - b).abs() for a, b in zip(*(_halves(model, x) for x in latents))]

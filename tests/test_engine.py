@@ -193,7 +193,7 @@ def test_compiled_output_equals_eager_on_every_tiny_family():
                         generator=torch.Generator("cpu").manual_seed(3), output_type="np").images
 
         eager = call()
-        apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings)
+        apply_recipe(pipe, cpu, Mode.COMPILED, Placement.DEVICE, settings, spec)
         # Other tests compiled these transformers' code at other shapes already: the app's limits, as it runs them.
         with torch._dynamo.config.patch(**recompile_limits(settings)):
             assert np.abs(call() - eager).max() < 1e-4, name

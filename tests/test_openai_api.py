@@ -34,7 +34,8 @@ from acceldemo.models.loading import model_availability
 from acceldemo.models.shapes import SIZES as SHAPES_SIZES
 from acceldemo.models.shapes import TRAINED_SIZES as TRAINED_SHAPES_SIZES
 from acceldemo.records import Shape
-from acceldemo.ui.openai_api import ImageStore, api_error
+from acceldemo.ui.image_store import ImageStore
+from acceldemo.ui.openai_protocol import api_error
 from acceldemo.ui.server import create_app
 from tests.engines import DeviceHolder, free_port, serving
 from training.shapes.judge import judge

@@ -10,7 +10,7 @@ import pytest
 from openai.types import ImageGenCompletedEvent, ImageGenPartialImageEvent
 from PIL import Image
 
-from acceldemo.ui.openai_api import partial_steps
+from acceldemo.ui.openai_protocol import partial_steps
 from acceldemo.ui.server import create_app
 from tests.engines import serving
 

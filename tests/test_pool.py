@@ -61,7 +61,7 @@ def one_process_image(request: Request) -> np.ndarray:
     """The same request on the same weights, unsharded, in this process (float pixels)."""
     local = LocalExecutor(SETTINGS, HARDWARE).load(replace(key_of(request), placement=Placement.DEVICE, tp_size=1),
                                                    get_model(request.model), no_progress)
-    return run_pipeline(local.pipe, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
+    return run_pipeline(local.prepared, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
 
 
 def pool_processes(channel: str) -> list[int]:

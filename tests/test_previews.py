@@ -47,7 +47,7 @@ def test_every_embedded_model_ships_a_map_from_its_own_vae(manager):
     shipped = shipped_maps()
     for name, spec in CATALOG.items():
         if spec.bundled or spec.tiny_family:
-            assert spec.pipeline_class in LAYOUTS and name in shipped
+            assert spec.family in LAYOUTS and name in shipped
             previews, _, _ = previews_of(manager, model=name, resolution=str(spec.default_shape), steps=2,
                                          previews=True)
             assert [p.step for p in previews] == [1, 2], name

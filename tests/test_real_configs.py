@@ -11,6 +11,7 @@ from acceldemo.engine.planning import named_host, plan
 from acceldemo.hardware import host_kinds
 from acceldemo.models import real_configs
 from acceldemo.models.catalog import CATALOG
+from acceldemo.models.families import PipelineFamily
 from acceldemo.records import Mode, Placement, Shape
 
 REAL = [name for name, spec in CATALOG.items() if spec.repo]
@@ -33,7 +34,7 @@ def test_every_real_model_ships_its_configs_each_naming_its_source():
     for name in REAL:
         assert real_configs.has_configs(name), name
         index = real_configs.model_index(name)
-        assert index["_class_name"] == CATALOG[name].pipeline_class
+        assert index["_class_name"] == CATALOG[name].family
         assert len(real_configs.source(name)) > 40
         for component in real_configs.components(name):
             assert len(real_configs.source(name, component)) > 40, (name, component)
@@ -78,9 +79,9 @@ def test_heads_widths_and_tokens_agree_between_the_configs_and_the_catalog():
                 assert spec.shard_heads[component] == (heads, kv)
         widths = {c: config.get("text_config", config).get("hidden_size") or config.get("d_model")
                   for c, config in texts.items()}
-        if spec.pipeline_class.startswith("Flux2"):  # three stacked hidden states of the LLM
+        if spec.family.flux2:  # three stacked hidden states of the LLM
             assert transformer["joint_attention_dim"] == 3 * widths["text_encoder"]
-        elif spec.pipeline_class == "FluxPipeline":
+        elif spec.family is PipelineFamily.FLUX1:
             assert transformer["joint_attention_dim"] == widths["text_encoder_2"]
             assert transformer["pooled_projection_dim"] == texts["text_encoder"]["projection_dim"]
         else:

@@ -206,7 +206,7 @@ def test_tensor_parallel_over_two_pool_ranks_draws_the_one_process_image(tmp_pat
     assert all(0 < c.sharded < c.parameters for rank in sharded.sharded for c in rank)
     local_key = dataclasses.replace(request.key(devices), placement=Placement.DEVICE, tp_size=1)
     alone = LocalExecutor(settings, HardwareRegistry(settings)).load(local_key, spec, no_progress)
-    expected = run_pipeline(alone.pipe, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
+    expected = run_pipeline(alone.prepared, HARDWARE.get("cpu"), request, False, no_progress, output_type="np").images[0]
     image = out.images[0]
     assert image.shape == (256, 256, 3) and expected.std() > 0.01
     assert np.abs(image - expected).mean() * 255 < 2  # bf16 all-reduces add their rounding

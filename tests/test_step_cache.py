@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from acceldemo.errors import UnknownName, UnsupportedCombination
-from acceldemo.models.caches import FAMILY_REFUSALS, cache_refusal
-from acceldemo.models.catalog import CATALOG, get_model
+from acceldemo.models.caches import FAMILY_REFUSALS
+from acceldemo.models.catalog import CATALOG, cache_refusal, get_model
+from acceldemo.models.families import PipelineFamily
 from acceldemo.records import GenerateParams, StepCache
 from tests.test_batching import drawn_while_held
 
@@ -73,8 +74,8 @@ def test_each_family_refusal_is_what_diffusers_does():
         spec = get_model(model)
         pipe = load_pipeline(spec, settings)
         pipe.set_progress_bar_config(disable=True)
-        refused = {cache for (family, cache) in FAMILY_REFUSALS if family == spec.pipeline_class}
-        if spec.pipeline_class == "StableDiffusion3Pipeline":
+        refused = {cache for (family, cache) in FAMILY_REFUSALS if family == spec.family}
+        if spec.family is PipelineFamily.SD3:
             assert not hasattr(pipe.transformer, "enable_cache") and refused == {c for c in StepCache
                                                                                   if not c.decides_per_call}
             continue
@@ -83,7 +84,7 @@ def test_each_family_refusal_is_what_diffusers_does():
             if cache is StepCache.SEA:
                 assert np.array_equal(_diffusers_call(pipe, spec, SeaCacheConfig()), plain)
             elif cache is StepCache.FIRST_BLOCK:
-                no_context = spec.pipeline_class == "Flux2Pipeline"
+                no_context = spec.family is PipelineFamily.FLUX2
                 with pytest.raises(ValueError if no_context else TypeError,
                                    match="cache context" if no_context else "list"):
                     _diffusers_call(pipe, spec, diffusers.FirstBlockCacheConfig(threshold=0.2))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `bench` subcommand's options (the CLI owns the subcommand, this package its options)."""
-    from .runner import OPTIONAL_SECTIONS, SECTIONS
+    from .plans import OPTIONAL_SECTIONS, SECTIONS
 
     level = parser.add_mutually_exclusive_group()
     level.add_argument("--quick", action="store_true",
@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace, settings) -> int:
     """Run the asked-for sections, write the report files, print the table; 1 if a section failed."""
+    from .plans import OPTIONAL_SECTIONS, PLANS, SECTIONS, BenchOptions
     from .report import markdown, write_report
-    from .runner import OPTIONAL_SECTIONS, PLANS, SECTIONS, BenchOptions, run_bench
+    from .runner import run_bench
 
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     unknown = sorted(set(sections) - set(SECTIONS) - set(OPTIONAL_SECTIONS))

@@ -18,7 +18,7 @@ from ..records import GenerateParams, Shape
 from .figures import Figure, Spread, Target, log, ratios
 
 if TYPE_CHECKING:
-    from .runner import InProcessBench
+    from .plans import InProcessBench
 
 MODEL = "tiny-shapes"
 SHAPE = Shape(128, 128)

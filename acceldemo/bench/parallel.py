@@ -15,7 +15,7 @@ from ..records import CFG_RANKS, GenerateParams, Placement, Shape, no_progress
 from .figures import Figure, Spread, Target, interleaved, log, ratios
 
 if TYPE_CHECKING:
-    from .runner import InProcessBench
+    from .plans import InProcessBench
 
 # CFG at the 128x128 (the target) and at 512x512, where the transformer's work outweighs its fixed costs.
 CASES = (("tiny-sd3", Placement.CFG, Shape(128, 128), 28), ("tiny-sd3", Placement.CFG, Shape(512, 512), 28),

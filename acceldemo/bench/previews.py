@@ -9,7 +9,7 @@ from ..records import GenerateParams, Shape
 from .figures import Figure, Spread, Target, interleaved, ratios
 
 if TYPE_CHECKING:
-    from .runner import InProcessBench
+    from .plans import InProcessBench
 
 # The page's default model at its default size, and the tests' model compiled (its steps are the fastest: previews
 # weigh most there).

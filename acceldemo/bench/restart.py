@@ -31,14 +31,13 @@ def _first_image(model: str, hardware: str, mode: str, size: str) -> dict:
     started = time.perf_counter()
     settings = Settings.from_env()
     prepare_process(settings)  # its own cache dir's compiler caches, before torch loads
-    import diffusers
 
     from ..builder import build_engine
     from ..models.catalog import get_model
     from ..records import GenerateParams
 
     # Imports cost the same with or without caches: resolve the pipeline's lazy imports before the clock starts.
-    getattr(diffusers, get_model(model).pipeline_class)
+    get_model(model).family.pipeline_class()
     imported = time.perf_counter()
     engine = build_engine(settings)
     try:

@@ -94,6 +94,67 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+class _Calls:
+    """One request's served calls: through the Gradio API (`gradio_client`) and /v1, each timed end to end, with the
+    server's own engine seconds of each (from the answer's facts)."""
+
+    def __init__(self, request):
+        self.arguments = (request.prompt, request.model, request.hardware, request.mode, request.placement, 2,
+                          str(SHAPE), request.steps, request.guidance, request.seed)
+        self.body = {"prompt": request.prompt, "model": request.model, "size": str(SHAPE), "seed": request.seed,
+                     "num_inference_steps": request.steps, "guidance_scale": request.guidance,
+                     "hardware": request.hardware, "mode": request.mode, "placement": request.placement}
+        self.engine: list[float] = []
+        self.v1_engine: list[float] = []
+
+    def api(self, client) -> float:
+        started = time.perf_counter()
+        _, _, facts = client.predict(*self.arguments, api_name="/generate")
+        seconds = time.perf_counter() - started
+        self.engine.append(facts["seconds"])
+        return seconds
+
+    def v1(self, http: httpx.Client) -> float:
+        started = time.perf_counter()
+        answer = http.post("/v1/images/generations", json=self.body)
+        answer.raise_for_status()
+        seconds = time.perf_counter() - started
+        self.v1_engine.append(answer.json()["acceldemo"][0]["seconds"])
+        return seconds
+
+    def concurrently(self, url: str, clients: int, each: int) -> dict:
+        """`clients` gradio_client clients at once, `each` requests apiece: latencies, errors, wall and client CPU."""
+        from gradio_client import Client
+
+        made = [Client(url, verbose=False) for _ in range(clients)]
+        latencies: list[float] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+        start = threading.Barrier(len(made))
+
+        def one_client(c) -> None:
+            start.wait()
+            for _ in range(each):
+                try:
+                    seconds = self.api(c)
+                except Exception as error:  # counted, and shown in the report
+                    with lock:
+                        errors.append(f"{type(error).__name__}: {error}"[:200])
+                    continue
+                with lock:
+                    latencies.append(seconds)
+
+        threads = [threading.Thread(target=one_client, args=(c,), name=f"bench-client-{i}")
+                   for i, c in enumerate(made)]
+        began, client_cpu = time.perf_counter(), time.process_time()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return {"latencies": latencies, "errors": errors, "wall": time.perf_counter() - began,
+                "client_cpu": time.process_time() - client_cpu}
+
+
 def measure_serving(bench, server: AppServer) -> list[Figure]:
     """Section 7 against `server`, which serves `serving_request(bench)`'s mode and shape."""
     from gradio_client import Client
@@ -101,81 +162,30 @@ def measure_serving(bench, server: AppServer) -> list[Figure]:
     plan = bench.plan
     request = serving_request(bench)
     bench.engine.generate(request)
-    arguments = (request.prompt, request.model, request.hardware, request.mode, request.placement, 2, str(SHAPE),
-                 request.steps, request.guidance, request.seed)
-    body = {"prompt": request.prompt, "model": request.model, "size": str(SHAPE), "seed": request.seed,
-            "num_inference_steps": request.steps, "guidance_scale": request.guidance, "hardware": request.hardware,
-            "mode": request.mode, "placement": request.placement}
-
-    engine: list[float] = []  # the server's own engine seconds of each request (from the answer's facts)
-    v1_engine: list[float] = []
-
-    def api_call(client) -> float:
-        started = time.perf_counter()
-        _, _, facts = client.predict(*arguments, api_name="/generate")
-        seconds = time.perf_counter() - started
-        engine.append(facts["seconds"])
-        return seconds
-
-    def v1_call(http: httpx.Client) -> float:
-        started = time.perf_counter()
-        answer = http.post("/v1/images/generations", json=body)
-        answer.raise_for_status()
-        seconds = time.perf_counter() - started
-        v1_engine.append(answer.json()["acceldemo"][0]["seconds"])
-        return seconds
-
+    calls = _Calls(request)
     url = server.ready()
     client = Client(url, verbose=False)
     with httpx.Client(base_url=url, timeout=START_TIMEOUT_S) as http:
-        api_call(client)
-        v1_call(http)
-        engine.clear()
-        v1_engine.clear()
-        served, v1, local = interleaved([lambda: api_call(client), lambda: v1_call(http),
+        calls.api(client)
+        calls.v1(http)
+        calls.engine.clear()
+        calls.v1_engine.clear()
+        served, v1, local = interleaved([lambda: calls.api(client), lambda: calls.v1(http),
                                          lambda: bench.timed(request, wall=True)], plan.serving_single)
-    engine_single = list(engine)
+    engine_single = list(calls.engine)
+    many = calls.concurrently(url, plan.serving_clients, plan.serving_per_client)
+    return _single_client_figures(request, served, v1, local, engine_single, calls.v1_engine) + \
+        _concurrent_figures(plan.serving_clients, many, statistics.median(local))
 
-    clients = [Client(url, verbose=False) for _ in range(plan.serving_clients)]
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    start = threading.Barrier(len(clients))
 
-    def one_client(c) -> None:
-        start.wait()
-        for _ in range(plan.serving_per_client):
-            try:
-                seconds = api_call(c)
-            except Exception as error:  # counted, and shown in the report
-                with lock:
-                    errors.append(f"{type(error).__name__}: {error}"[:200])
-                continue
-            with lock:
-                latencies.append(seconds)
-
-    threads = [threading.Thread(target=one_client, args=(c,), name=f"bench-client-{i}")
-               for i, c in enumerate(clients)]
-    began, client_cpu = time.perf_counter(), time.process_time()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall, client_cpu = time.perf_counter() - began, time.process_time() - client_cpu
-    in_process = statistics.median(local)
-    n = len(clients)
-    throughput = len(latencies) / wall
-    engine_s = statistics.median(engine_single)
-    detail_1 = {"served_s": Spread.of(served).__dict__, "in_process_s": Spread.of(local).__dict__,
-                "server_engine_s": Spread.of(engine_single).__dict__, "p50_s": _percentile(served, 0.5),
-                "p95_s": _percentile(served, 0.95), "mode": request.mode, "shape": str(SHAPE),
-                "steps": request.steps}
-    requests = len(latencies) + len(errors)
-    many = {"clients": n, "requests": requests, "p50_s": None, "p95_s": None, "wall_s": wall, "errors": errors[:5],
-            "client_cpu_s_per_request": client_cpu / max(requests, 1)}
-    figures = [
+def _single_client_figures(request, served, v1, local, engine_single, v1_engine) -> list[Figure]:
+    in_process, engine_s = statistics.median(local), statistics.median(engine_single)
+    detail = {"served_s": Spread.of(served).__dict__, "in_process_s": Spread.of(local).__dict__,
+              "server_engine_s": Spread.of(engine_single).__dict__, "p50_s": _percentile(served, 0.5),
+              "p95_s": _percentile(served, 0.95), "mode": request.mode, "shape": str(SHAPE), "steps": request.steps}
+    return [
         Figure("serving_p50_1_client", 7, "1 client: end-to-end via Gradio API ÷ in-process (p50)", "ratio",
-               ratios(served, local), detail=detail_1,
+               ratios(served, local), detail=detail,
                note=f"{len(served)} requests interleaved with in-process calls, {request.mode} {SHAPE}: "
                     f"{statistics.median(served) * 1000:.0f} ms end to end, of which {engine_s * 1000:.0f} ms in "
                     f"the server's engine; in-process {in_process * 1000:.0f} ms"),
@@ -192,6 +202,15 @@ def measure_serving(bench, server: AppServer) -> list[Figure]:
                if_missed="the note splits the time between the server's engine and the route around it; on a loaded "
                          "host the server's engine itself runs slower than this process's"),
     ]
+
+
+def _concurrent_figures(n: int, run: dict, in_process: float) -> list[Figure]:
+    latencies, errors, wall = run["latencies"], run["errors"], run["wall"]
+    requests = len(latencies) + len(errors)
+    throughput = len(latencies) / wall
+    many = {"clients": n, "requests": requests, "p50_s": None, "p95_s": None, "wall_s": wall, "errors": errors[:5],
+            "client_cpu_s_per_request": run["client_cpu"] / max(requests, 1)}
+    figures = []
     if latencies:
         many.update(p50_s=_percentile(latencies, 0.5), p95_s=_percentile(latencies, 0.95))
         figures += [

@@ -20,7 +20,7 @@ from ..records import GenerateParams, Mode, Shape
 from .figures import Figure, Spread, Target, interleaved, log, ratios
 
 if TYPE_CHECKING:
-    from .runner import InProcessBench
+    from .plans import InProcessBench
 
 MODEL = "tiny-shapes"
 SHAPE = Shape(64, 64)

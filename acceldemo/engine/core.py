@@ -21,8 +21,7 @@ from ..errors import AcceldemoError, Cancelled, GenerationFailed, InvalidRequest
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
-from ..models.caches import component_bytes_at, step_cache_views
-from ..models.catalog import CATALOG, get_model
+from ..models.catalog import CATALOG, component_bytes_at, get_model, step_cache_views
 from ..models.download import Downloads
 from ..models.loading import model_availability
 from ..models.loras import model_loras
@@ -657,7 +656,7 @@ class Engine:
         for spec in CATALOG.values():
             available, where = model_availability(spec, self.settings)
             models.append(ModelView(
-                spec.name, spec.title, spec.pipeline_class, spec.repo, spec.description, spec.steps, spec.guidance,
+                spec.name, spec.title, str(spec.family), spec.repo, spec.description, spec.steps, spec.guidance,
                 spec.default_shape, spec.presets, spec.only_presets, spec.granularity, spec.example_prompts,
                 available, where, spec.name == self.settings.default_model,
                 tuple(self.offer(spec.name, name) for name in here),

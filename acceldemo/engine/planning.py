@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..errors import AcceldemoError, InvalidRequest, UnknownName
 from ..hardware import ADAPTERS, Hardware, HostKind, host_kinds
-from ..models.caches import component_bytes_at
-from ..models.catalog import ModelSpec
+from ..models.catalog import ModelSpec, component_bytes_at
 from ..records import CFG_RANKS, Mode, Placement, Quantization, Shape, placement_label
 from .validation import (
     Option,

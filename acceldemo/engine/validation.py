@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..errors import InvalidRequest, UnknownName, UnsupportedCombination
 from ..hardware import Availability, Hardware, HardwareRegistry, all_modes, mode_note, offered_by
-from ..models.caches import AUTO, NONE, STEP_CACHE_CHOICES, cache_refusal, component_bytes_at
-from ..models.catalog import QUALITIES, ModelSpec, get_model
+from ..models.caches import AUTO, NONE, STEP_CACHE_CHOICES
+from ..models.catalog import QUALITIES, ModelSpec, cache_refusal, component_bytes_at, get_model
 from ..models.loras import model_loras
 from ..records import (
     CFG_RANKS,

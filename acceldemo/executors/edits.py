@@ -15,36 +15,38 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ..models.families import PipelineFamily
 from ..records import Batch, EditMethod
 
-_FLUX2 = ("Flux2KleinPipeline", "Flux2Pipeline")
-# The pipelines `from_pipe` makes of a loaded one, kept on it (its modules are the loaded pipeline's own).
-_MADE = {EditMethod.STRENGTH: "_acceldemo_image_to_image", EditMethod.INPAINT: "_acceldemo_inpaint"}
+if TYPE_CHECKING:
+    from .prepared import PreparedPipeline
 
 
-def _made_from(pipe, method: str):
-    """Diffusers' image-to-image ("strength") or inpainting ("inpaint") pipeline of `pipe`'s family, on its modules."""
-    made = getattr(pipe, _MADE[method], None)
+def _made_from(prepared: PreparedPipeline, method: EditMethod):
+    """Diffusers' image-to-image ("strength") or inpainting ("inpaint") pipeline of the prepared pipeline's family,
+    on its modules; made once per pipeline and kept with it."""
+    made = prepared.edit_pipes.get(method)
     if made is None:
         import diffusers
 
-        if method == EditMethod.INPAINT and type(pipe).__name__ == "Flux2KleinPipeline":
-            made = diffusers.Flux2KleinInpaintPipeline.from_pipe(pipe)
+        if method == EditMethod.INPAINT and prepared.spec.family is PipelineFamily.FLUX2_KLEIN:
+            made = diffusers.Flux2KleinInpaintPipeline.from_pipe(prepared.pipe)
         else:
             auto = (diffusers.AutoPipelineForInpainting if method == EditMethod.INPAINT
                     else diffusers.AutoPipelineForImage2Image)
-            made = auto.from_pipe(pipe)
+            made = auto.from_pipe(prepared.pipe)
         made.set_progress_bar_config(disable=True)
-        setattr(pipe, _MADE[method], made)
+        prepared.edit_pipes[method] = made
     return made
 
 
 class EditCall:
     """The pipeline to call and what to add to its arguments; `after_step` puts the unmasked region back."""
 
-    def __init__(self, pipe, batch: Batch, kwargs: dict):
-        self.pipe, self.kwargs = pipe, kwargs
+    def __init__(self, prepared: PreparedPipeline, batch: Batch, kwargs: dict):
+        self.pipe, self.kwargs = prepared.pipe, kwargs
         self.after_step: Callable[[int, dict], None] = lambda i, tensors: None
         edit = batch.first.edit
         if edit is None:
@@ -52,10 +54,10 @@ class EditCall:
         pictures = edit.pictures()
         if edit.method == EditMethod.REFERENCE:
             kwargs["image"] = pictures
-        elif type(pipe).__name__ in _FLUX2 and not batch.first.graph.reference_edits:
+        elif prepared.spec.family.flux2 and not batch.first.graph.reference_edits:
             self._own_image_to_image(batch, pictures[0], edit)
         else:
-            self.pipe = _made_from(pipe, edit.method)
+            self.pipe = _made_from(prepared, edit.method)
             kwargs.update(image=pictures[0], strength=edit.strength)
             if edit.method == EditMethod.INPAINT:
                 kwargs["mask_image"] = edit.mask_picture()

@@ -12,6 +12,7 @@ from ..models.catalog import ModelSpec
 from ..models.loading import load_pipeline
 from ..records import Batch, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import ArtifactStore
+from .prepared import PreparedPipeline
 from .recipe import apply_recipe, precompiles, recompile_limits, run_pipeline
 
 log = logging.getLogger("acceldemo.executor")
@@ -20,18 +21,23 @@ log = logging.getLogger("acceldemo.executor")
 class LocalPipeline:
     """A pipeline resident in this process."""
 
-    def __init__(self, key: PipelineKey, spec: ModelSpec, pipe, hardware: Hardware, limits: dict[str, int],
+    def __init__(self, key: PipelineKey, prepared: PreparedPipeline, hardware: Hardware, limits: dict[str, int],
                  cache_dir: Path | None = None):
-        self.key, self.spec, self.pipe, self.hardware, self.limits = key, spec, pipe, hardware, limits
+        self.key, self.prepared, self.hardware, self.limits = key, prepared, hardware, limits
         self.cache_dir = cache_dir
+
+    @property
+    def pipe(self):
+        """The diffusers pipeline itself (for a bare call of it)."""
+        return self.prepared.pipe
 
     def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
-        return run_pipeline(self.pipe, self.hardware, call, expect_compile, on_progress, cancelled,
+        return run_pipeline(self.prepared, self.hardware, call, expect_compile, on_progress, cancelled,
                             limits=self.limits, cache_dir=self.cache_dir)
 
     def close(self) -> None:
-        self.pipe = None
+        self.prepared = None
         gc.collect()
         self.hardware.empty_cache()
 
@@ -54,10 +60,10 @@ class LocalExecutor:
         on_progress(Progress(Phase.LOAD, f"placing on {key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
         store = self.store if precompiles(self.settings, hardware, key.mode, key.placement, key.quantization) else None
-        apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, store, spec,
-                     hardware.torch_device(key.devices))
+        prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, store,
+                                hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
-        return LocalPipeline(key, spec, pipe, hardware, recompile_limits(self.settings), self.settings.cache_dir)
+        return LocalPipeline(key, prepared, hardware, recompile_limits(self.settings), self.settings.cache_dir)
 
     def close(self) -> None:
         """Nothing of its own to stop: its pipelines are closed one by one by whoever loaded them."""

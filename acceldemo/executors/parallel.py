@@ -59,9 +59,8 @@ def enable_context_parallel(pipe, degree: int, mesh_device_type: str) -> None:
     pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree))
 
 
-def split_work(pipe, placement: Placement, rank: int, world: int) -> None:
-    """After the recipe: a CFG-parallel pool's ranks each take one guidance branch at the call seam."""
+def split_work(seam, placement: Placement, rank: int, world: int) -> None:
+    """After the recipe: a CFG-parallel pool's ranks each take one guidance branch at the transformer's call seam
+    (`PreparedPipeline.seam()`)."""
     if placement is Placement.CFG:
-        from .step_cache import install_seam
-
-        install_seam(pipe).split = CfgSplit(rank, min(world, CFG_RANKS))
+        seam.split = CfgSplit(rank, min(world, CFG_RANKS))

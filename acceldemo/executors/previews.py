@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..models.catalog import ModelSpec
 from ..models.latent_rgb import map_for, unpack
 from ..records import Preview, Request
+
+if TYPE_CHECKING:
+    from .prepared import PreparedPipeline
 
 # The share of the call's time previews may take: a preview is skipped while those made so far took more.
 BUDGET = 0.04
@@ -18,11 +21,14 @@ class PreviewMaker:
     take previews past BUDGET of the `elapsed` seconds since the call began (a model whose steps take little beside a
     slow device-to-host copy gets one every few steps; the tiny models and real ones, every step)."""
 
-    def __init__(self, pipe, spec: ModelSpec, request: Request, cache_dir: Path):
+    def __init__(self, prepared: PreparedPipeline, request: Request, cache_dir: Path):
         import torch
+        from diffusers import FlowMatchEulerDiscreteScheduler
 
-        self.pipe, self.spec, self.request = pipe, spec, request
-        mapping = _maps(pipe, spec, cache_dir)
+        self.pipe, self.spec, self.request = prepared.pipe, prepared.spec, request
+        if prepared.latent_rgb is None:  # looked up once per pipeline (a VAE's fingerprint reads its weights)
+            prepared.latent_rgb = map_for(prepared.spec, prepared.pipe.vae, cache_dir)
+        mapping = prepared.latent_rgb
         self.weights = torch.tensor(mapping.weights, dtype=torch.float32)  # (3, 2C): the channels, their squares
         self.bias = torch.tensor(mapping.bias, dtype=torch.float32).view(3, 1, 1)
         self.spent = 0.0
@@ -30,7 +36,7 @@ class PreviewMaker:
         # The latents of the step before, while previews follow each other (a skipped step forgets them).
         self.previous = None
         # The call's noise levels, once its scheduler has set them (at its first step).
-        self.flow = type(pipe.scheduler).__name__ == "FlowMatchEulerDiscreteScheduler"
+        self.flow = isinstance(self.pipe.scheduler, FlowMatchEulerDiscreteScheduler)
         self.sigmas: list[float] | None = None
 
     def _denoised(self, step: int, latents):
@@ -70,11 +76,3 @@ class PreviewMaker:
         self.made += 1
         return Preview(pixels, self.request.shape, step, self.request.steps)
 
-
-def _maps(pipe, spec: ModelSpec, cache_dir: Path):
-    """The pipeline's map, looked up once per pipeline object (a VAE's fingerprint reads its weights)."""
-    mapping = getattr(pipe, "_acceldemo_latent_rgb", None)
-    if mapping is None:
-        mapping = map_for(spec, pipe.vae, cache_dir)
-        pipe._acceldemo_latent_rgb = mapping
-    return mapping

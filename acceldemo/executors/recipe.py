@@ -10,14 +10,15 @@ from pathlib import Path
 
 from ..config import Settings
 from ..hardware import Hardware
-from ..models.catalog import ModelSpec, get_model
+from ..models.catalog import ModelSpec
 from ..models.weights import weight_bytes
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
 from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
 from .edits import EditCall
+from .prepared import PreparedPipeline
 from .previews import PreviewMaker
 from .remote import STORE_EVENTS
-from .step_cache import install_seam, step_cache
+from .step_cache import step_cache
 from .styles import prepare_styles, use_style
 
 # Graphs one new shape can add to one code object: regional FLUX.1 adds 3 (its first single block sees a
@@ -55,27 +56,27 @@ def compile_transformer(pipe, backend: str, mode: Mode) -> None:
         pipe.transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
 
 
-def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, settings: Settings,
-                 precompiled: ArtifactStore | None = None, spec: ModelSpec | None = None,
-                 device: str | None = None) -> None:
+def apply_recipe(pipe, hardware: Hardware, mode: Mode, placement: Placement, settings: Settings, spec: ModelSpec,
+                 precompiled: ArtifactStore | None = None, device: str | None = None) -> PreparedPipeline:
     """Place the pipeline on `device` (the hardware's own device string by default) or offload it, and compile its
-    transformer as the model recipes do.
+    transformer as the model recipes do: the pipeline, prepared (see `PreparedPipeline`).
 
     With an artifact store, mode compiled compiles the same whole, static-shape transformer with inductor, ahead
     of time, one package per shape (see `artifacts`).
     """
-    if placement is not Placement.TP and spec is not None:  # LoRA layers before the first compile (see `styles`)
-        prepare_styles(pipe, spec, settings)
+    # LoRA layers before the first compile (see `styles`).
+    styles = prepare_styles(pipe, spec, settings) if placement is not Placement.TP else None
     if placement is Placement.OFFLOAD:
         pipe.enable_model_cpu_offload(**hardware.offload_kwargs())
     else:
         pipe.to(device or hardware.device)
     if mode is Mode.COMPILED and precompiled is not None:
-        PrecompiledTransformer.install(pipe, precompiled, spec.name if spec else "", hardware, str(placement))
+        PrecompiledTransformer.install(pipe, precompiled, spec.name, hardware, str(placement))
     else:
         compile_transformer(pipe, hardware.compile_backend, mode)
-    install_seam(pipe)  # after the compile: the step caches' seam wraps the compiled call
-    pipe._acceldemo_weight_bytes = weight_bytes(pipe)
+    prepared = PreparedPipeline(pipe, spec, weight_bytes=weight_bytes(pipe), styles=styles)
+    prepared.seam()  # after the compile: the step caches' seam wraps the compiled call
+    return prepared
 
 
 def pipeline_kwargs(call: Request | Batch, output_type: str = "pil", **extra) -> dict:
@@ -184,7 +185,7 @@ class _CompileMeter:
             self.store_problem = self.precompiled.store.remote.problem
 
 
-def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile: bool,
+def run_pipeline(prepared: PreparedPipeline, hardware: Hardware, call: Request | Batch, expect_compile: bool,
                  on_progress: ProgressCallback, cancelled: Callable[[], bool] = lambda: False,
                  output_type: str = "pil", limits: dict[str, int] | None = None,
                  cache_dir: Path | None = None) -> RunOutput:
@@ -200,11 +201,10 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     batch = Batch.of(call)
     request = batch.first
     steps = request.denoise_steps
+    pipe = prepared.pipe
     started = time.perf_counter()  # restarted once the call may begin (after any wait at the compile gate)
     step_ends: list[float] = []
-    previews = None
-    if request.previews and cache_dir:
-        previews = PreviewMaker(pipe, get_model(request.model), request, cache_dir)
+    previews = PreviewMaker(prepared, request, cache_dir) if request.previews and cache_dir else None
     edit: EditCall | None = None
 
     def on_step_end(pipeline, i, t, tensors):
@@ -227,14 +227,14 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
     elif expect_compile:
         on_progress(Progress(Phase.COMPILE, f"compiling {batch.label} (first time for this shape)"))
     kwargs = pipeline_kwargs(batch, output_type, callback_on_step_end=on_step_end)
-    use_style(pipe, get_model(request.model), request.lora, request.lora_scale)
-    edit = EditCall(pipe, batch, kwargs)
+    use_style(prepared.styles, pipe, prepared.spec, request.lora, request.lora_scale)
+    edit = EditCall(prepared, batch, kwargs)
     # Eager modes apply no torch.compile: nothing of theirs can compile, so they need not wait for a compile.
     gate = contextlib.nullcontext() if not request.mode.compiles else \
         COMPILE_GATE.alone() if expect_compile else COMPILE_GATE.shared()
     sized = torch._dynamo.config.patch(**limits) if limits and request.mode.compiles else contextlib.nullcontext()
     with gate, sized, _CompileMeter(precompiled) as meter, hardware.mode_context(request.mode), \
-            step_cache(pipe, edit.pipe, request) as cache:
+            step_cache(prepared.seam(), pipe, edit.pipe, request) as cache:
         started = time.perf_counter()
         images = edit.pipe(**kwargs).images
         hardware.synchronize()
@@ -245,4 +245,4 @@ def run_pipeline(pipe, hardware: Hardware, call: Request | Batch, expect_compile
                      compile_seconds=meter.seconds, compile_cache_hits=meter.cache_hits, step_seconds=step_seconds,
                      preview_seconds=previews.spent if previews else 0.0,
                      package_events=meter.package_events, store_problem=meter.store_problem, cache=cache.use,
-                     denoise_seconds=denoise, weight_bytes=getattr(pipe, "_acceldemo_weight_bytes", 0))
+                     denoise_seconds=denoise, weight_bytes=prepared.weight_bytes)

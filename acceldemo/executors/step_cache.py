@@ -78,14 +78,6 @@ def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def install_seam(pipe) -> CallSeam:
-    """The pipeline's call seam (made once: after the recipe's compile, so it wraps the compiled call)."""
-    seam = getattr(pipe, "_acceldemo_seam", None)
-    if seam is None:
-        seam = pipe._acceldemo_seam = CallSeam(pipe.transformer)
-    return seam
-
-
 def _taylorseer(preset: CachePreset):
     import torch
     from diffusers.hooks.hooks import StateManager
@@ -135,10 +127,9 @@ class _BlockCount:
 
 
 @contextlib.contextmanager
-def step_cache(pipe, called, request: Request) -> Iterator[CacheReport]:
-    """The request's step cache on `pipe`'s transformer for one call of `called` (`pipe`, or a pipeline made from it
-    for an edit), every state fresh; yields what it did, filled in when the call ends."""
-    seam = install_seam(pipe)
+def step_cache(seam: CallSeam, pipe, called, request: Request) -> Iterator[CacheReport]:
+    """The request's step cache on `pipe`'s transformer (whose call seam is `seam`) for one call of `called` (`pipe`,
+    or a pipeline made from it for an edit), every state fresh; yields what it did, filled in when the call ends."""
     preset = get_model(request.model).step_caches.get(request.step_cache) if request.step_cache else None
     report = CacheReport(preset, seam)
     block = preset is not None and not preset.cache.decides_per_call

@@ -111,15 +111,11 @@ class StyleSlot:
 def prepare_styles(pipe, spec: ModelSpec, settings: Settings) -> StyleSlot | None:
     """The pipeline's LoRA slot when the model offers styles (made before any compile), else None."""
     styles = model_loras(spec, settings)
-    if not styles:
-        return None
-    pipe._acceldemo_styles = StyleSlot(pipe, spec, settings, styles)
-    return pipe._acceldemo_styles
+    return StyleSlot(pipe, spec, settings, styles) if styles else None
 
 
-def use_style(pipe, spec: ModelSpec, name: str | None, scale: float) -> None:
-    """Put the request's style into the pipeline's slot before its call."""
-    slot: StyleSlot | None = getattr(pipe, "_acceldemo_styles", None)
+def use_style(slot: StyleSlot | None, pipe, spec: ModelSpec, name: str | None, scale: float) -> None:
+    """Put the request's style into the pipeline's slot (None: it has none) before its call."""
     if slot is None:
         if name is not None:
             raise InvalidRequest("lora", name, f"a style offered when the pipeline was loaded: {spec.name} had "

@@ -244,7 +244,7 @@ class Rank:
         self.hardware = hardware
         self.settings = settings
         self.channel = channel
-        self.pipelines: dict[str, object] = {}  # id -> pipeline
+        self.pipelines: dict[str, object] = {}  # id -> PreparedPipeline
         self.sharded: dict[str, list] = {}
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -346,10 +346,10 @@ class Rank:
         store = ArtifactStore.of(self.settings) if self.world_size == 1 and precompiles(
             self.settings, self.hardware, key.mode, key.placement, key.quantization) else None
         # The rank sees only its own devices: the first visible one is its device.
-        apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, store, spec,
-                     self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))
-        split_work(pipe, key.placement, self.rank, self.world_size)
-        self.pipelines[command.pipeline] = pipe
+        prepared = apply_recipe(pipe, self.hardware, key.mode, key.placement, self.settings, spec, store,
+                                self.hardware.torch_device(DeviceSet(self.hardware.name, (0,))))
+        split_work(prepared.seam(), key.placement, self.rank, self.world_size)
+        self.pipelines[command.pipeline] = prepared
         self.sharded[command.pipeline] = sharded
         return sharded
 

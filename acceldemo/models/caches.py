@@ -3,13 +3,9 @@ each technique is, which families it works on, and the presets a model states wi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..records import Quantization, StepCache
-from .weights import DTYPE_BYTES
-
-if TYPE_CHECKING:  # a type only: the catalog imports this module
-    from .catalog import ModelSpec
+from .families import PipelineFamily
 
 NONE = "none"
 AUTO = "auto"
@@ -66,19 +62,19 @@ TECHNIQUES: dict[StepCache, Technique] = {
 # the embedded tiny model of each family: `tests/test_step_cache.py`).
 _NOT_ON_SD3 = ("diffusers 0.42.1's SD3Transformer2DModel has no enable_cache (it is not a CacheMixin), so its block "
                "hooks cannot be applied to it")
-FAMILY_REFUSALS: dict[tuple[str, StepCache], str] = {
-    **{("StableDiffusion3Pipeline", cache): _NOT_ON_SD3 for cache in StepCache if not cache.decides_per_call},
-    ("Flux2KleinPipeline", StepCache.FIRST_BLOCK): "diffusers 0.42.1's FirstBlockCache fails on FLUX.2 klein's "
+FAMILY_REFUSALS: dict[tuple[PipelineFamily, StepCache], str] = {
+    **{(PipelineFamily.SD3, cache): _NOT_ON_SD3 for cache in StepCache if not cache.decides_per_call},
+    (PipelineFamily.FLUX2_KLEIN, StepCache.FIRST_BLOCK): "diffusers 0.42.1's FirstBlockCache fails on FLUX.2 klein's "
                                                    "transformer (TypeError: tensor minus list, in the first block's "
                                                    "residual)",
-    ("Flux2Pipeline", StepCache.FIRST_BLOCK): "diffusers 0.42.1's Flux2Pipeline sets no cache context, which "
+    (PipelineFamily.FLUX2, StepCache.FIRST_BLOCK): "diffusers 0.42.1's Flux2Pipeline sets no cache context, which "
                                               "FirstBlockCache needs (ValueError at the first step)",
     **{(family, StepCache.FASTER): "diffusers 0.42.1's FasterCache fails on FLUX's joint attention (TypeError at its "
                                    "first approximated step): it is written for video transformers"
-       for family in ("FluxPipeline", "Flux2KleinPipeline", "Flux2Pipeline")},
+       for family in (PipelineFamily.FLUX1, PipelineFamily.FLUX2_KLEIN, PipelineFamily.FLUX2)},
     **{(family, StepCache.SEA): "diffusers 0.42.1's SeaCache has adapters for video transformers (Cosmos) only: on an "
                                 "image transformer it runs fail-open, computing every step, and buys nothing"
-       for family in ("FluxPipeline", "Flux2KleinPipeline", "Flux2Pipeline")},
+       for family in (PipelineFamily.FLUX1, PipelineFamily.FLUX2_KLEIN, PipelineFamily.FLUX2)},
 }
 
 
@@ -108,31 +104,6 @@ class CacheAdvice:
 
     def describe(self) -> dict:
         return {"cache": str(self.cache) if self.cache else NONE, "from_steps": self.from_steps, "why": self.why}
-
-
-def cache_refusal(spec: ModelSpec, cache: StepCache) -> str | None:
-    """Why the model cannot run this cache (None: it offers a preset for it)."""
-    if cache in spec.step_caches:
-        return None
-    family = FAMILY_REFUSALS.get((spec.pipeline_class, cache))
-    if family:
-        return family
-    if cache is StepCache.MAG:
-        return (f"no calibrated magnitude ratios for {spec.name}: MagCache skips by them, and diffusers ships FLUX.1's "
-                "only (MagCacheConfig(calibrate=True) measures a model's)")
-    return f"{spec.name} states no preset for it"
-
-
-def step_cache_views(spec: ModelSpec) -> tuple[dict, ...]:
-    """Every step cache as the model offers it (its preset; `eager_only` where diffusers' hooks sit inside the
-    transformer) or with why it is refused."""
-    views = []
-    for cache in StepCache:
-        refused = cache_refusal(spec, cache)
-        views.append({"name": str(cache), "title": TECHNIQUES[cache].title, "refused": refused} if refused else
-                     {**spec.step_caches[cache].describe(), "eager_only": not cache.decides_per_call,
-                      "refused": None})
-    return tuple(views)
 
 
 # --- presets shared by families ------------------------------------------------------------------------------
@@ -170,13 +141,3 @@ QUANTIZATION_QUALITY: dict[Quantization, str] = {
                       "has them; the same peers report 1.3-1.8x on H100 with small detail changes; not measurable "
                       "on this CPU-only host",
 }
-
-
-def component_bytes_at(spec: ModelSpec, quantization: Quantization) -> dict[str, int]:
-    """The model's weight bytes per component when its transformer and text encoders are quantized."""
-    per = quantization.bytes_per_weight
-    if per is None:
-        return dict(spec.component_bytes)
-    own = DTYPE_BYTES[spec.dtype]
-    return {name: size * per // own if name.startswith(QUANTIZED_PREFIXES) else size
-            for name, size in spec.component_bytes.items()}

@@ -4,12 +4,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnknownName
-from ..records import EditMethod, GraphRule, Shape
+from ..records import EditMethod, GraphRule, Quantization, Shape
 from . import real_configs
-from .caches import FIRST_BLOCK_FLUX1, MAG_FLUX1, PAB_FLUX, CacheAdvice, CachePreset, StepCache, taylorseer
+from .caches import (
+    FAMILY_REFUSALS,
+    FIRST_BLOCK_FLUX1,
+    MAG_FLUX1,
+    PAB_FLUX,
+    QUANTIZED_PREFIXES,
+    TECHNIQUES,
+    CacheAdvice,
+    CachePreset,
+    StepCache,
+    taylorseer,
+)
+from .families import PipelineFamily
 from .shapes import RECOMMENDED_MAX_SEQUENCE_LENGTH as SHAPES_MAX_SEQUENCE_LENGTH
 from .shapes import SIZES as SHAPES_SIZES
 from .shapes import phrasing as shapes_phrasing
+from .weights import DTYPE_BYTES
 
 GB = 1000**3
 # OpenAI's quality names and the model preset each takes: gpt-image's low/medium/high (xhigh and max: the highest
@@ -27,7 +40,7 @@ class ModelSpec:
 
     name: str
     title: str
-    pipeline_class: str
+    family: PipelineFamily
     repo: str | None  # Hugging Face repo id; None for the embedded tiny models
     tiny_family: str | None = None  # the embedded builder that makes it (acceldemo.models.tiny)
     bundled: bool = False  # weights committed with the project (acceldemo/models/shapes/weights)
@@ -81,7 +94,7 @@ class ModelSpec:
     inpaints: bool = False
     # Reference pictures one edit may give ("reference" models).
     max_references: int = 1
-    # The step caches it offers, each with its preset and why (the others are refused: `caches.cache_refusal`), and
+    # The step caches it offers, each with its preset and why (the others are refused: `cache_refusal`), and
     # what `auto` picks.
     step_caches: dict[StepCache, CachePreset] = field(default_factory=dict)
     cache_advice: CacheAdvice = CacheAdvice(None, why="no cache recommended")
@@ -177,7 +190,7 @@ _TINY = dict(cache_advice=_ADVICE_TINY, dtype="float32", min_side=64, max_side=5
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec(
         **_CP, name="tiny-shapes", title="Tiny shapes (embedded, trained: coloured shapes on a background)",
-        pipeline_class="Flux2KleinPipeline", repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
+        family=PipelineFamily.FLUX2_KLEIN, repo=None, bundled=True, steps=4, guidance=1.0, inpaints=True,
         step_caches=_FLUX2_CACHES,
         max_sequence_length=SHAPES_MAX_SEQUENCE_LENGTH, tp_components=("transformer", "text_encoder"),
         shard_heads=_TINY_HEADS,
@@ -191,29 +204,29 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
            "only_presets": True}),
     ModelSpec(
         **_CP, name="tiny-flux2-klein", title="Tiny FLUX.2-klein (embedded, random weights)",
-        pipeline_class="Flux2KleinPipeline", repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
+        family=PipelineFamily.FLUX2_KLEIN, repo=None, tiny_family="flux2-klein", steps=4, guidance=1.0,
         step_caches=_FLUX2_CACHES,
         edits=EditMethod.REFERENCE, max_references=4, inpaints=True,
         max_sequence_length=64, tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS,
         description="Built offline by the project; exercises every mode, the shape cache and the pool.", **_TINY),
     ModelSpec(
-        **_CP, name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", pipeline_class="FluxPipeline",
+        **_CP, name="tiny-flux1", title="Tiny FLUX.1 (embedded, random weights)", family=PipelineFamily.FLUX1,
         repo=None, tiny_family="flux1", inpaints=True, steps=4, guidance=0.0, max_sequence_length=64,
         step_caches=_FLUX1_CACHES,
         tp_components=("transformer",), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
-        name="tiny-sd3", title="Tiny SD3 (embedded, random weights)", pipeline_class="StableDiffusion3Pipeline",
+        name="tiny-sd3", title="Tiny SD3 (embedded, random weights)", family=PipelineFamily.SD3,
         repo=None, tiny_family="sd3", steps=4, guidance=4.5, cfg_above=1.0, packed_latents=False,
         max_sequence_length=64, repeated_blocks=False, step_caches={StepCache.TAYLORSEER: _TAYLORSEER_TINY},
         # No mask: diffusers' SD3 inpainting pipeline wants 16 latent channels (SD 3.5's); the tiny VAE has 4.
         **_TINY),
     ModelSpec(
-        **_CP, name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", pipeline_class="Flux2Pipeline",
+        **_CP, name="tiny-flux2", title="Tiny FLUX.2 (embedded, random weights)", family=PipelineFamily.FLUX2,
         repo=None, tiny_family="flux2", steps=4, guidance=4.0, max_sequence_length=256, step_caches=_FLUX2_CACHES,
         edits=EditMethod.REFERENCE, max_references=4,
         tp_components=("transformer", "text_encoder"), shard_heads=_TINY_HEADS, **_TINY),
     ModelSpec(
-        **_CP, name="flux2-klein-4b", title="FLUX.2 [klein] 4B", pipeline_class="Flux2KleinPipeline",
+        **_CP, name="flux2-klein-4b", title="FLUX.2 [klein] 4B", family=PipelineFamily.FLUX2_KLEIN,
         repo="black-forest-labs/FLUX.2-klein-4B", inpaints=True, steps=4, guidance=1.0, step_caches=_FLUX2_CACHES,
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
@@ -223,7 +236,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         activation_bytes=3 * GB,
         description="Fits one NeuronCore: the whole pipeline on the device."),
     ModelSpec(
-        **_CP, name="flux1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
+        **_CP, name="flux1-schnell", title="FLUX.1 [schnell]", family=PipelineFamily.FLUX1,
         repo="black-forest-labs/FLUX.1-schnell", inpaints=True, steps=4, guidance=0.0, step_caches=_FLUX1_CACHES,
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 8, f"TaylorSeer from 8 steps on; at the recipe's 4: none, "
                                                           f"{_FEW_STEPS}"),
@@ -231,7 +244,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **_real("flux1-schnell"), tp_components=("transformer",), max_batch=2, activation_bytes=4 * GB,
         description="Does not fit one v6e chip: model CPU offload."),
     ModelSpec(
-        name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
+        name="sd3.5-medium", title="Stable Diffusion 3.5 Medium", family=PipelineFamily.SD3,
         repo="stabilityai/stable-diffusion-3.5-medium", inpaints=True, steps=40, guidance=4.5, cfg_above=1.0,
         step_caches={StepCache.TAYLORSEER: _TAYLORSEER_LONG},
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 12, "TaylorSeer from 12 steps on: at the recipe's 40 the "
@@ -242,7 +255,7 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
         **_real("sd3.5-medium"),
         description="About 16 GB in bf16: fits one v6e chip; compile the full transformer."),
     ModelSpec(
-        **_CP, name="flux2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
+        **_CP, name="flux2-dev", title="FLUX.2 [dev]", family=PipelineFamily.FLUX2,
         repo="black-forest-labs/FLUX.2-dev", steps=28, guidance=4.0,
         step_caches={StepCache.TAYLORSEER: _TAYLORSEER_LONG, StepCache.PAB: PAB_FLUX},
         cache_advice=CacheAdvice(StepCache.TAYLORSEER, 12, "TaylorSeer from 12 steps on: at the recipe's 28 SGLang "
@@ -260,3 +273,40 @@ def get_model(name: object) -> ModelSpec:
         return CATALOG[name]  # type: ignore[index]
     except (KeyError, TypeError):
         raise UnknownName("model", name, CATALOG) from None
+
+
+# --- what a model offers of the step caches and quantized weights (`caches`) ---------------------------------
+
+def cache_refusal(spec: ModelSpec, cache: StepCache) -> str | None:
+    """Why the model cannot run this cache (None: it offers a preset for it)."""
+    if cache in spec.step_caches:
+        return None
+    family = FAMILY_REFUSALS.get((spec.family, cache))
+    if family:
+        return family
+    if cache is StepCache.MAG:
+        return (f"no calibrated magnitude ratios for {spec.name}: MagCache skips by them, and diffusers ships FLUX.1's "
+                "only (MagCacheConfig(calibrate=True) measures a model's)")
+    return f"{spec.name} states no preset for it"
+
+
+def step_cache_views(spec: ModelSpec) -> tuple[dict, ...]:
+    """Every step cache as the model offers it (its preset; `eager_only` where diffusers' hooks sit inside the
+    transformer) or with why it is refused."""
+    views = []
+    for cache in StepCache:
+        refused = cache_refusal(spec, cache)
+        views.append({"name": str(cache), "title": TECHNIQUES[cache].title, "refused": refused} if refused else
+                     {**spec.step_caches[cache].describe(), "eager_only": not cache.decides_per_call,
+                      "refused": None})
+    return tuple(views)
+
+
+def component_bytes_at(spec: ModelSpec, quantization: Quantization) -> dict[str, int]:
+    """The model's weight bytes per component when its transformer and text encoders are quantized."""
+    per = quantization.bytes_per_weight
+    if per is None:
+        return dict(spec.component_bytes)
+    own = DTYPE_BYTES[spec.dtype]
+    return {name: size * per // own if name.startswith(QUANTIZED_PREFIXES) else size
+            for name, size in spec.component_bytes.items()}

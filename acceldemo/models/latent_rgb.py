@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..files import write_atomically
 from .catalog import ModelSpec
+from .families import PipelineFamily
 
 log = logging.getLogger("acceldemo.previews")
 SHIPPED = Path(__file__).with_name("latent_rgb.json")
@@ -20,8 +21,8 @@ SHIPPED = Path(__file__).with_name("latent_rgb.json")
 PACKED_2X2_IDS = "flux2"  # (B, h/2·w/2, 4C) tokens in row order, batch-normalised: FLUX.2 and FLUX.2-klein
 PACKED_2X2 = "flux1"  # (B, h/2·w/2, 4C) tokens of 2×2 patches, scaled and shifted: FLUX.1
 SCALED = "sd3"  # (B, C, h, w), scaled and shifted: SD3
-LAYOUTS = {"Flux2KleinPipeline": PACKED_2X2_IDS, "Flux2Pipeline": PACKED_2X2_IDS, "FluxPipeline": PACKED_2X2,
-           "StableDiffusion3Pipeline": SCALED}
+LAYOUTS = {PipelineFamily.FLUX2_KLEIN: PACKED_2X2_IDS, PipelineFamily.FLUX2: PACKED_2X2_IDS,
+           PipelineFamily.FLUX1: PACKED_2X2, PipelineFamily.SD3: SCALED}
 _FIT_LOCK = threading.Lock()
 
 
@@ -67,7 +68,7 @@ def vae_fingerprint(vae) -> str:
 
 def unpack(pipe, spec: ModelSpec, latents, height: int, width: int):
     """The callback's latents as the VAE's own latents (B, C, h, w), as the pipeline itself does before decoding."""
-    layout = LAYOUTS.get(spec.pipeline_class, SCALED)
+    layout = LAYOUTS[spec.family]
     vae = pipe.vae
     if layout == PACKED_2X2_IDS:
         import torch

@@ -87,7 +87,7 @@ def quantization_config(spec: ModelSpec, source: str, quantization: Quantization
     from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig
 
     kind = {Quantization.INT8: Int8WeightOnlyConfig, Quantization.FP8: Float8WeightOnlyConfig}[quantization]
-    index = getattr(diffusers, spec.pipeline_class).load_config(source, local_files_only=True)
+    index = spec.family.pipeline_class().load_config(source, local_files_only=True)
     libraries = {"diffusers": diffusers, "transformers": transformers}
     mapping = {name: libraries[entry[0]].TorchAoConfig(kind()) for name, entry in index.items()
                if name.startswith(QUANTIZED_PREFIXES) and isinstance(entry, list) and entry[0] in libraries}
@@ -100,11 +100,10 @@ def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantizatio
     from local files; never downloads."""
     try:
         with _LOADING:
-            import diffusers
             import torch
 
             source = model_source(spec, settings)
-            pipeline_class = getattr(diffusers, spec.pipeline_class)
+            pipeline_class = spec.family.pipeline_class()
             if quantization is not Quantization.NONE:
                 components["quantization_config"] = quantization_config(spec, source, quantization)
             return pipeline_class.from_pretrained(source, dtype=getattr(torch, spec.dtype), local_files_only=True,

@@ -50,9 +50,8 @@ def shipped_folder(spec: ModelSpec) -> Path | None:
 
 def lora_state_dict(spec: ModelSpec, path: Path) -> dict:
     """The file's weights in diffusers' own key format (the pipeline class's loader converts other formats)."""
-    import diffusers
 
-    state = getattr(diffusers, spec.pipeline_class).lora_state_dict(str(path))
+    state = spec.family.pipeline_class().lora_state_dict(str(path))
     return state[0] if isinstance(state, tuple) else state
 
 

@@ -30,7 +30,6 @@ def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh,
     their own TP plan (`DistributedConfig(tp_plan="auto")`); the rest loads whole. Placing the pipeline on the
     rank's device is the recipe's job, as for any pipeline.
     """
-    import diffusers
 
     if mesh.size() == 1:  # nothing to shard: the whole pipeline (a 1-rank pool measures the pool's own path)
         pipe = load_pipeline(spec, settings, quantization)
@@ -42,7 +41,7 @@ def load_sharded_pipeline(spec: ModelSpec, settings: Settings, mesh,
     # The unsharded parts first: a model that is not on this host fails here, before the long sharded reads.
     pipe = load_pipeline(spec, settings, **{name: None for name in spec.tp_components})
     source = model_source(spec, settings)
-    index = getattr(diffusers, spec.pipeline_class).load_config(source, local_files_only=True)
+    index = spec.family.pipeline_class().load_config(source, local_files_only=True)
     sharded = {name: _load_sharded(source, name, index[name], spec, mesh) for name in spec.tp_components}
     pipe.register_modules(**sharded)
     counts = [_count(name, module) for name, module in sharded.items()]

@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Engine, as_json, parse_resolution
 from ..errors import InvalidRequest
 from ..records import Shape
-from .openai_api import ImageStore, openai_http_error, openai_router
+from .image_store import ImageStore
+from .openai_api import openai_http_error, openai_router
 from .page import CSS, build_page
 
 log = logging.getLogger("acceldemo.server")
