@@ -2,8 +2,11 @@
 import os
 import tempfile
 
-# The app reads these when it is imported; tests must never touch a user's cache.
-os.environ.setdefault("ACCELDEMO_CACHE_DIR", tempfile.mkdtemp(prefix="acceldemo-test-cache-"))
+# The app reads these when it is imported; tests must never touch a user's cache. Each pytest-xdist worker gets a
+# cache of its own (the workers inherit the controller's environment): tests count compiles and cache hits.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER or "ACCELDEMO_CACHE_DIR" not in os.environ:
+    os.environ["ACCELDEMO_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"acceldemo-test-cache-{_WORKER or 'main'}-")
 # aot_eager goes through dynamo and AOTAutograd like inductor but compiles in seconds; the tests
 # marked `inductor` use the real backend.
 os.environ.setdefault("ACCELDEMO_CPU_COMPILE_BACKEND", "aot_eager")

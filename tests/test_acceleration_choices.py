@@ -191,6 +191,7 @@ def test_a_warm_up_spec_takes_quantization_and_step_cache():
         parse_warmup("eager:64x64:warp=1")
 
 
+@pytest.mark.slow  # a real compile (or a real process) end to end: the full suite runs it
 def test_an_int8_warm_up_compiles_the_int8_pipeline(fresh_manager):
     m = fresh_manager()
     m.start_warm_up("compiled", [get_model("tiny-shapes").default_shape], model="tiny-shapes",

@@ -126,6 +126,7 @@ def test_a_stopped_member_of_a_running_call_loses_its_image_and_the_others_finis
     assert m.snapshot().counters.requests["cancelled"] == 1 and m.snapshot().counters.requests["ok"] == 3
 
 
+@pytest.mark.slow  # a real compile (or a real process) end to end: the full suite runs it
 def test_compiled_buckets_compile_once_each_and_revisits_compile_nothing(fresh_manager, calls):
     m = fresh_manager()
     shape = "224x64"  # a token count no other test compiles: this test's graphs are its own

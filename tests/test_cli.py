@@ -139,6 +139,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_image_is_
     assert out == ""
 
 
+@pytest.mark.slow  # a real compile (or a real process) end to end: the full suite runs it
 def test_the_real_command_exits_0_with_an_image_and_2_with_one_line_for_a_bad_request(tmp_path):
     done = cli("generate", "--prompt", "a red circle", "--size", "64x64", "--steps", "2", "--seed", "4", "--json",
                "--out", str(tmp_path))

@@ -29,7 +29,9 @@ SHORT = {"flux2-klein-4b": dict(num_layers=1, num_single_layers=1),
          "flux1-schnell": dict(num_layers=1, num_single_layers=1),
          "sd3.5-medium": dict(num_layers=2, dual_attention_layers=[0])}
 TEXT_TOKENS = 32
-SHAPES = (Shape(256, 256), Shape(512, 256), Shape(256, 512))
+# Compiled at three sizes, two of one token count: small ones (64 and 128 image tokens for FLUX), as the graph keys
+# depend on token counts and latent sizes, not on how large they are; the width is the real one.
+SHAPES = (Shape(128, 128), Shape(256, 128), Shape(128, 256))
 
 
 def short_transformer(name: str):
@@ -112,7 +114,7 @@ def test_compiled_builds_one_graph_per_key_the_catalog_predicts(model):
 def test_regional_compiles_the_repeated_block_where_there_is_one(model):
     torch._dynamo.reset()
     transformer = short_transformer(model.name)
-    shape = Shape(256, 256)
+    shape = Shape(128, 128)
     eager = transformer(**inputs(model.name, transformer, shape))[0]
     if not model.spec.repeated_blocks:
         with pytest.raises(ValueError):

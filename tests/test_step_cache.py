@@ -136,6 +136,7 @@ def test_the_same_request_three_times_gives_the_same_image(manager, mode):
     assert [r.facts()["step_cache"]["skipped"] for r in (first, *again)] == [5, 5, 5]
 
 
+@pytest.mark.slow  # a real compile (or a real process) end to end: the full suite runs it
 @pytest.mark.parametrize("mode", ["compiled", "regional"])
 def test_a_compiled_pipeline_with_a_cache_compiles_nothing_on_the_second_call(manager, mode):
     first = manager.generate(ask(step_cache="taylorseer", mode=mode, resolution="128x64"))

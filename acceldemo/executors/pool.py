@@ -34,7 +34,8 @@ from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..models.loading import model_source
 from ..records import Batch, DeviceSet, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
-from .worker import Broken, Cancel, Command, Done, Failed, Load, RankInfo, Reported, Run, Shutdown, Status, Unload
+from .replies import Broken, Done, Failed, Reported
+from .worker import Cancel, Command, Load, RankInfo, Run, Shutdown, Status, Unload
 
 log = logging.getLogger("acceldemo.pool")
 

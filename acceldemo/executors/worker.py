@@ -17,7 +17,6 @@ import dataclasses
 import gc
 import logging
 import os
-import pickle
 import queue
 import select
 import shutil
@@ -34,6 +33,7 @@ from ..config import PoolLaunch, Settings
 from ..errors import describe_error
 from ..models.catalog import ModelSpec
 from ..records import Batch, DeviceSet, Phase, PipelineKey, Placement, Progress, RunOutput, no_progress, placement_label
+from .replies import Broken, Done, Failed, Reply, Reported, portable_error
 
 # Rank 0 fans out a no-op this often while idle: waiting ranks never reach the group timeout, and a dead peer
 # breaks the group (and so the pool) even when nobody is asking for images.
@@ -99,35 +99,6 @@ Command = Status | Load | Run | Unload | Shutdown | Heartbeat
 # --- what rank 0 answers ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Reported:
-    """A progress event of the command in flight."""
-
-    event: Progress
-
-
-@dataclass(frozen=True)
-class Done:
-    value: object = None
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The command failed on some rank (its exception); the pool serves on."""
-
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class Broken:
-    """The process group itself failed: the ranks leave."""
-
-    why: str
-
-
-Reply = Reported | Done | Failed | Broken
-
-
-@dataclass(frozen=True)
 class RankInfo:
     """One rank as it reports itself: who and where it is and what it holds."""
 
@@ -138,15 +109,6 @@ class RankInfo:
     device: str
     pipelines: tuple[str, ...] = ()
     sharded: dict = field(default_factory=dict)  # pipeline -> [ShardedComponent]
-
-
-def portable_error(error: BaseException) -> BaseException:
-    """The exception itself if it survives pickling (so the app sees the same type), else its text in a RuntimeError."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 class Channel:

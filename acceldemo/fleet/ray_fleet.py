@@ -138,7 +138,8 @@ class RayFleet:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
         from ray.serve.exceptions import BackPressureError, RequestCancelledError
 
-        from .replica import Failed, Served, Started, routing_key
+        from ..executors.replies import Done, Failed, Reported
+        from .replica import Started, routing_key
 
         handle = self.handle.options(stream=True, multiplexed_model_id=routing_key(request))
         lost = None
@@ -151,10 +152,10 @@ class RayFleet:
                 for item in response:
                     if isinstance(item, Started):
                         on_progress(Progress(Phase.QUEUE, f"running on replica {item.replica} of {item.node}", 0))
-                    elif isinstance(item, Progress):
-                        on_progress(item)
-                    elif isinstance(item, Served):
-                        return item.result
+                    elif isinstance(item, Reported):
+                        on_progress(item.event)
+                    elif isinstance(item, Done):
+                        return item.value
                     elif isinstance(item, Failed):
                         raise item.error
                 raise GenerationFailed("the replica ended its answer without an image")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import pickle
 import socket
 import threading
 import time
@@ -17,8 +16,9 @@ from ..builder import build_engine
 from ..config import Settings
 from ..engine import CompiledShape
 from ..errors import AcceldemoError, GenerationFailed
+from ..executors.replies import Done, Failed, Reported, portable_error
 from ..hardware import prepare_process
-from ..records import GenerateResult, Request, Shape, placement_label
+from ..records import Request, Shape, placement_label
 
 _DONE = object()  # the engine's job has its outcome
 
@@ -65,29 +65,6 @@ class Started:
     replica: str
 
 
-@dataclass(frozen=True)
-class Served:
-    """The last item: the image's result, as the replica's engine made it."""
-
-    result: GenerateResult
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The last item instead of Served: the engine's typed error (a Ray error wrapper would lose its type)."""
-
-    error: AcceldemoError
-
-
-def _portable(error: AcceldemoError) -> AcceldemoError:
-    """The error itself where it survives pickling with its type and words, else its words as GenerationFailed."""
-    try:
-        copy = pickle.loads(pickle.dumps(error))
-        if type(copy) is type(error) and str(copy) == str(error):
-            return error
-    except Exception:  # an error type whose constructor takes other arguments than its message
-        pass
-    return GenerationFailed(str(error))
 
 
 class PipelineReplica:
@@ -126,7 +103,9 @@ class PipelineReplica:
                 "last_latency": self.last_latency, "busy": self.busy, "pid": os.getpid()}
 
     async def generate(self, request: Request):
-        """Started, then every progress event, then Served (or the engine's typed error, raised)."""
+        """The executors' reply protocol (`executors.replies`) after `Started`: each progress event `Reported`, then
+        `Done` with the image's result, or `Failed` with the engine's typed error (a Ray error wrapper would lose its
+        type)."""
         await self.hold(serve.get_multiplexed_model_id())
         yield Started(self.node, self.replica)
         loop = asyncio.get_running_loop()
@@ -141,10 +120,10 @@ class PipelineReplica:
             job = self.engine.submit(request, put, stop.is_set)
             job.future.add_done_callback(lambda _: put(_DONE))
             while (item := await events.get()) is not _DONE:
-                yield item
+                yield Reported(item)
             result = job.result()
         except AcceldemoError as error:
-            yield Failed(_portable(error))
+            yield Failed(portable_error(error, GenerationFailed))
             return
         except BaseException:
             stop.set()  # the caller went away (cancelled): stop at the next denoise step
@@ -153,7 +132,7 @@ class PipelineReplica:
             self.busy = ""
         self.served += 1
         self.last_latency = result.seconds - result.queue_wait
-        yield Served(result)
+        yield Done(result)
 
     async def warm_up(self, request: Request, shapes: list[Request]) -> list[CompiledShape]:
         await self.hold(serve.get_multiplexed_model_id())
