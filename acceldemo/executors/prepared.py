@@ -27,10 +27,6 @@ class PreparedPipeline:
     edit_pipes: dict[EditMethod, Any] = field(default_factory=dict)
     _seam: CallSeam | None = None
 
-    @property
-    def transformer(self):
-        return self.pipe.transformer
-
     def seam(self) -> CallSeam:
         """The transformer's call seam, made at the first ask: after the recipe's compile, so it wraps the compiled
         call."""
