@@ -67,7 +67,7 @@ def test_a_full_line_is_refused_at_once_with_the_expected_wait(fresh_manager):
 def test_the_expected_wait_follows_the_line_and_the_recent_latency(fresh_manager):
     m = fresh_manager(queue_size=2)
     m.generate(GenerateParams(prompt="measured", hardware="cpu", steps=1))  # a latency for its model and shape
-    latency = m.ledger.latency("tiny-flux2-klein", Shape(64, 64))
+    latency = m.backend.ledger.latency("tiny-flux2-klein", Shape(64, 64))
     holder = DeviceHolder(m)
     holder.start()
     try:

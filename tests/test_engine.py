@@ -101,7 +101,7 @@ def test_least_recently_used_pipeline_is_evicted_and_shown(fresh_manager):
     m.generate(params(prompt="two", model="tiny-sd3"))
     resident = {p.key.model: p.resident for p in m.snapshot().pipelines}
     assert resident == {"tiny-flux1": False, "tiny-sd3": True}
-    assert m.snapshot().counters.evictions == 1 and m.residency.evictions[0][1].model == "tiny-flux1"
+    assert m.snapshot().counters.evictions == 1 and m.backend.residency.evictions[0][1].model == "tiny-flux1"
     again = m.generate(params(prompt="one", model="tiny-flux1"))
     assert again.load_seconds > 0 and m.snapshot().counters.loads == 3
 
@@ -109,7 +109,7 @@ def test_least_recently_used_pipeline_is_evicted_and_shown(fresh_manager):
 def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
     m = fresh_manager(max_batch=1)  # every job a call of its own (drawn together, they would be one call)
     spans, events = [], []
-    real_load = m.executor.load
+    real_load = m.backend.executor.load
 
     def load(key, spec, on_progress):
         loaded = real_load(key, spec, on_progress)
@@ -124,7 +124,7 @@ def test_jobs_on_one_device_wait_their_turn_and_never_interleave(fresh_manager):
         loaded.run = run
         return loaded
 
-    m.executor.load = load
+    m.backend.executor.load = load
     requests = [params(prompt=f"job {i}", steps=8, seed=i) for i in range(4)]
     threads = [threading.Thread(target=m.generate, args=(r, events.append)) for r in requests]
     for t in threads:

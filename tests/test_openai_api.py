@@ -331,7 +331,7 @@ def test_an_engine_failure_is_500_or_an_error_event_with_the_engine_message(fres
     def broken_load(key, spec, on_progress):
         raise RuntimeError("device lost")
 
-    m.executor.load = broken_load
+    m.backend.executor.load = broken_load
     with serving(create_app(m)) as url:
         with pytest.raises(openai.InternalServerError) as raised:
             sdk(url).images.generate(prompt="a red circle")

@@ -135,7 +135,7 @@ def test_a_rank_killed_mid_call_fails_the_call_clearly_and_the_group_restarts(fr
     manager = fresh_manager()
     request = ask(model="tiny-shapes", placement="cp", steps=40)
     first = manager.generate(request)
-    executor = manager.executor.executor_for(first.key)
+    executor = manager.backend.executor.executor_for(first.key)
     victim = executor.health()[0].ranks[1].pid
 
     def kill_at_step_2(event):

@@ -305,7 +305,7 @@ def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothin
     request = GenerateParams(prompt="a red circle on a blue background", model="tiny-flux2-klein", hardware="cpu",
                              placement="tp", tp_size=2, resolution="128x128", steps=50, seed=0)
     first = manager.generate(request)
-    executor = manager.executor.executor_for(first.key)
+    executor = manager.backend.executor.executor_for(first.key)
     channels = [executor.health()[0].channel]
 
     def signal_rank_1_at_step_2(sig):

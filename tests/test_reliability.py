@@ -42,12 +42,12 @@ def test_stop_ends_the_job_at_the_next_step_and_frees_the_device(fresh_manager):
 
 def test_a_device_busy_past_the_wait_limit_answers_busy_retry(fresh_manager):
     m = fresh_manager(device_wait_s=0.2)
-    holder = m.line.enter("another job", [DeviceSet("cpu", (0,))])  # another job holds the device
+    holder = m.backend.line.enter("another job", [DeviceSet("cpu", (0,))])  # another job holds the device
     try:
         with pytest.raises(CapacityExceeded, match="cpu:0 stayed busy for 0 s .*retry"):
             m.generate(GenerateParams(prompt="x", hardware="cpu"))
     finally:
-        m.line.release(holder)
+        m.backend.line.release(holder)
     assert m.queue_depth() == 0 and m.snapshot().counters.requests["refused"] == 1
     assert m.generate(GenerateParams(prompt="x", hardware="cpu")).image.size == (64, 64)
 
@@ -153,7 +153,7 @@ def test_sixteen_clients_four_requests_each_get_their_own_results(server):
 def test_out_of_memory_while_loading_evicts_idle_pipelines_and_retries_once(fresh_manager):
     m = fresh_manager()
     m.generate(GenerateParams(prompt="resident", hardware="cpu", model="tiny-flux1"))
-    real_load, failures = m.executor.load, []
+    real_load, failures = m.backend.executor.load, []
 
     def load_after_one_oom(key, spec, on_progress):
         if not failures:
@@ -161,7 +161,7 @@ def test_out_of_memory_while_loading_evicts_idle_pipelines_and_retries_once(fres
             raise MemoryError("device memory exhausted")
         return real_load(key, spec, on_progress)
 
-    m.executor.load = load_after_one_oom
+    m.backend.executor.load = load_after_one_oom
     events = []
     result = m.generate(GenerateParams(prompt="x", hardware="cpu", model="tiny-sd3"), events.append)
     assert result.image.size == (64, 64)
@@ -177,7 +177,7 @@ def test_out_of_memory_with_nothing_to_free_is_a_clear_error(fresh_manager):
     def always_oom(key, spec, on_progress):
         raise MemoryError("device memory exhausted")
 
-    m.executor.load = always_oom
+    m.backend.executor.load = always_oom
     with pytest.raises(GenerationFailed, match="MemoryError: device memory exhausted .*try placement offload or tp"):
         m.generate(GenerateParams(prompt="x", hardware="cpu"))
 

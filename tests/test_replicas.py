@@ -107,7 +107,7 @@ def test_a_killed_replica_loses_no_request_and_comes_back(two_replicas):
     m = two_replicas()
     for seed in (0, 1):  # both replicas up: the victim's rank is known before the clients start
         m.generate(request(seed, device=f"cpu:{seed}"))
-    (victim,) = [p.ranks[0].pid for p in m.executor.health() if str(p.devices) == "cpu:1"]
+    (victim,) = [p.ranks[0].pid for p in m.backend.executor.health() if str(p.devices) == "cpu:1"]
     killed = threading.Event()
     done: list[str] = []
 
