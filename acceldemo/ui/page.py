@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from ..engine import Description, Engine, ModelView, Offer, Snapshot, as_json, together
+from ..engine import Description, Engine, ModelView, Offer, Snapshot, together
 from ..engine.compare import Comparison
 from ..engine.pictures import DEFAULT_STRENGTH
 from ..errors import AcceldemoError
@@ -660,11 +660,6 @@ def wire(page: gr.Blocks, on: Handlers, c: SimpleNamespace, r: SimpleNamespace, 
     gr.Timer(2.0).tick(on.refresh_status, drawn, panels, **private)
     page.load(on.refresh_status, drawn, panels, **private)
 
-    def pipelines() -> dict:
-        """What runs here (the engine's snapshot, as /status gives it)."""
-        return as_json(on.engine.snapshot())
-
-    gr.api(pipelines, api_name="status", queue=False)
     c.dice.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, **private)
     c.model.change(on.on_model, [c.model, c.hardware, o.placement],
                    [c.resolution, c.steps, c.guidance, o.notes, o.tp_size, o.warm_shapes, c.lora, c.strength,
