@@ -226,10 +226,15 @@ def parse_resolution(text: object) -> Shape:
     """A typed resolution (WIDTHxHEIGHT) as a shape; the sizes themselves are checked per model later."""
     if isinstance(text, Shape):
         return text
-    shape = Shape.parse(text) if isinstance(text, str) and len(text) < 40 else None
-    if shape is None:
-        raise InvalidRequest("resolution", text, "WIDTHxHEIGHT, e.g. 1024x1024")
-    return shape
+    return _parsed("resolution", text, Shape.parse, 40, "WIDTHxHEIGHT, e.g. 1024x1024")
+
+
+def _parsed(field: str, text: object, parse, longest: int, accepted: str):
+    """`parse(text)` of a string shorter than `longest`, or InvalidRequest naming the field and what it accepts."""
+    value = parse(text) if isinstance(text, str) and len(text) < longest else None
+    if value is None:
+        raise InvalidRequest(field, text, accepted)
+    return value
 
 
 def check_shape(spec: ModelSpec, width: object, height: object) -> Shape:
@@ -274,7 +279,9 @@ def check_request(params: GenerateParams, settings: Settings, hardware: Hardware
     for option in mode_options(spec, adapter, placement):
         if option.name is mode and not option.ok:
             raise UnsupportedCombination("mode", f"mode {str(mode)!r} is not possible here: {option.reason}")
-    tp_size = check_placement(spec, adapter, placement, params.tp_size or proposed.tp_size, settings.pool_nnodes)
+    # Placement tp without a degree: the proposal's where it proposes tp, else the smallest (2), as cp does.
+    tp_size = check_placement(spec, adapter, placement, params.tp_size or (
+        proposed.tp_size if proposed.placement is Placement.TP else 2), settings.pool_nnodes)
     typed = None if _absent(params.resolution) else parse_resolution(params.resolution)
     shape = check_shape(spec, typed.width, typed.height) if typed else None
     num_images = 1 if _absent(params.num_images) else _whole("num_images", params.num_images, 1, MAX_IMAGES)
@@ -531,10 +538,8 @@ def check_devices(text: object) -> DeviceSet | None:
     """A device set a request names (`cuda:1`, `neuron:0-1`), or None when it names none."""
     if text is None or text == "":
         return None
-    devices = DeviceSet.parse(text) if isinstance(text, str) and len(text) < 80 else None
-    if devices is None:
-        raise InvalidRequest("device", text, "a device as hardware:index (cpu:0, cuda:1) or a group (neuron:0-1)")
-    return devices
+    return _parsed("device", text, DeviceSet.parse, 80,
+                   "a device as hardware:index (cpu:0, cuda:1) or a group (neuron:0-1)")
 
 
 def check_device_set(devices: DeviceSet, hardware: Hardware, size: int) -> None:
