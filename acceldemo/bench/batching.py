@@ -9,13 +9,12 @@ core; only one of them is asked for images at a time. Their compile cache is sha
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 
 import httpx
 
 from .figures import Figure, Spread, Target, interleaved, ratios
-from .serving import AppServer, _percentile
+from .serving import AppServer, _percentile, burst
 
 # What each workload asks for (the /v1 body, without prompt and seed).
 WORKLOADS = {
@@ -47,33 +46,10 @@ def _calls(url: str) -> tuple[int, int]:
 def _burst(url: str, workload: str, clients: int, each: int) -> dict:
     """`clients` clients at once, each sending `each` requests one after the other: throughput, latencies, errors,
     and the images per pipeline call the app drew meanwhile."""
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    start = threading.Barrier(clients)
-
-    def client(c: int) -> None:
-        with httpx.Client(base_url=url, timeout=600) as http:
-            start.wait()
-            for r in range(each):
-                began = time.perf_counter()
-                answer = http.post("/v1/images/generations", json=_body(workload, c, r))
-                with lock:
-                    if answer.status_code == 200:
-                        latencies.append(time.perf_counter() - began)
-                    else:
-                        errors.append(f"{answer.status_code}: {answer.text[:160]}")
-
     calls_before, drawn_before = _calls(url)
-    threads = [threading.Thread(target=client, args=(c,), name=f"bench-batching-client-{c}") for c in range(clients)]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - began
+    done = burst(url, clients, each, lambda c, r: _body(workload, c, r), "bench-batching-client")
     calls, drawn = _calls(url)
-    return {"throughput": len(latencies) / wall, "latencies": latencies, "errors": errors,
+    return {"throughput": len(done.answers) / done.wall, "latencies": done.latencies, "errors": done.errors,
             "images_per_call": (drawn - drawn_before) / max(calls - calls_before, 1)}
 
 

@@ -8,11 +8,9 @@ little CPU beside the server's. The replicas use a compile cache of their own, c
 from __future__ import annotations
 
 import tempfile
-import threading
-import time
 
 from .figures import Figure, Spread, Target
-from .serving import AppServer, _percentile
+from .serving import AppServer, _percentile, burst
 
 MODEL = "tiny-shapes"
 SIZE = "64x64"
@@ -41,36 +39,12 @@ def _serve(name: str, cache_dir: str, bench) -> dict:
             body = {"model": MODEL, "prompt": "a red circle on a blue background, top left", "size": SIZE,
                     "num_inference_steps": STEPS, "mode": MODE, "hardware": "cpu"}
             http.post("/v1/images/generations", json={**body, "seed": 0}).raise_for_status()
-        latencies: list[float] = []
-        devices: list[str] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-        start = threading.Barrier(plan.replica_clients)
-
-        def client(c: int) -> None:
-            with httpx.Client(base_url=url, timeout=600) as http:
-                start.wait()
-                for r in range(plan.replica_per_client):
-                    began = time.perf_counter()
-                    answer = http.post("/v1/images/generations", json={**body, "seed": 1000 * c + r})
-                    seconds = time.perf_counter() - began
-                    with lock:
-                        if answer.status_code == 200:
-                            latencies.append(seconds)
-                            devices.append(answer.json()["acceldemo"][0]["device"])
-                        else:
-                            errors.append(f"{answer.status_code}: {answer.text[:160]}")
-
-        threads = [threading.Thread(target=client, args=(c,), name=f"bench-replica-client-{c}")
-                   for c in range(plan.replica_clients)]
-        began = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - began
+        done = burst(url, plan.replica_clients, plan.replica_per_client,
+                     lambda c, r: {**body, "seed": 1000 * c + r}, "bench-replica-client")
     finally:
         server.close()
+    latencies, devices = done.latencies, [answer["acceldemo"][0]["device"] for _, answer in done.answers]
+    errors, wall = done.errors, done.wall
     first_calls = {p["device"]: p["shapes"][0]["first_call_seconds"] for p in status["pipelines"]
                    if p["mode"] == MODE and p["shapes"]}
     return {"throughput": len(latencies) / wall, "p50_s": _percentile(latencies, 0.5) if latencies else None,

@@ -79,16 +79,21 @@ def _run_child(cache_dir: Path, model: str, hardware: str, mode: str, backend: s
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_s": wall}
 
 
+def new_cache(work: Path, name: str, models_dir: Path) -> Path:
+    """An empty cache folder `work/name` for a host started afresh, sharing the bench's downloaded models."""
+    folder = work / name
+    folder.mkdir()
+    (folder / "models").symlink_to(models_dir.resolve(), target_is_directory=True)
+    return folder
+
+
 def measure_restart(models_dir: Path, model: str, hardware: str, mode: str, backend: str, size: str,
                     cold_runs: int, restart_runs: int, precompile: str = "auto", log=print) -> list[Figure]:
     """Cold starts (each in empty cache folders) and restarts (on the first cold start's folders), interleaved."""
     work = Path(tempfile.mkdtemp(prefix="acceldemo-bench-restart-"))
     try:
         def fresh_cache(name: str) -> Path:
-            folder = work / name
-            folder.mkdir()
-            (folder / "models").symlink_to(models_dir.resolve(), target_is_directory=True)
-            return folder
+            return new_cache(work, name, models_dir)
 
         kept = fresh_cache("kept")
         cold = [_run_child(kept, model, hardware, mode, backend, size, precompile)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import platform
 import time
@@ -163,28 +164,17 @@ def pool_overhead(bench: InProcessBench) -> list[Figure]:
     return measure_pool(bench, bench.pools)
 
 
+def _measured_by(module: str) -> Callable[[InProcessBench], list[Figure]]:
+    """A section measured by the function of the same name in bench/`module`.py, imported when the section runs."""
+    def section(bench: InProcessBench) -> list[Figure]:
+        return getattr(importlib.import_module(f".{module}", __package__), module)(bench)
+    return section
+
+
 def serving(bench: InProcessBench) -> list[Figure]:
     from .serving import measure_serving
 
     return measure_serving(bench, bench.server)
-
-
-def replicas(bench: InProcessBench) -> list[Figure]:
-    from .replicas import replicas as measure_replicas
-
-    return measure_replicas(bench)
-
-
-def batching(bench: InProcessBench) -> list[Figure]:
-    from .batching import batching as measure_batching
-
-    return measure_batching(bench)
-
-
-def fleet(bench: InProcessBench) -> list[Figure]:
-    from .fleet import fleet as measure_fleet
-
-    return measure_fleet(bench)
 
 
 def store(bench: InProcessBench) -> list[Figure]:
@@ -193,30 +183,6 @@ def store(bench: InProcessBench) -> list[Figure]:
     log("shared compile store: a cold host publishes, a fresh host fetches")
     return measure_store(bench.engine.settings.cache_dir / "models", MODEL, bench.options.hardware,
                          bench.plan.restart_backend, bench.plan.cold_runs, log=log)
-
-
-def previews(bench: InProcessBench) -> list[Figure]:
-    from .previews import previews as measure_previews
-
-    return measure_previews(bench)
-
-
-def styles(bench: InProcessBench) -> list[Figure]:
-    from .styles import styles as measure_styles
-
-    return measure_styles(bench)
-
-
-def parallel(bench: InProcessBench) -> list[Figure]:
-    from .parallel import parallel as measure_parallel
-
-    return measure_parallel(bench)
-
-
-def acceleration(bench: InProcessBench) -> list[Figure]:
-    from .acceleration import acceleration as measure_acceleration
-
-    return measure_acceleration(bench)
 
 
 def restart(bench: InProcessBench) -> list[Figure]:
@@ -242,10 +208,10 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # Run order: the in-process engine sections first (they share compiled graphs), then the ones that reset
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
-    ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits), ("previews", previews),
-    ("styles", styles), ("acceleration", acceleration), ("parallel", parallel),
+    ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
+    *((name, _measured_by(name)) for name in ("previews", "styles", "acceleration", "parallel")),
     ("serving", serving), ("pool", pool_overhead), ("regional", regional_vs_whole), ("restart", restart),
-    ("replicas", replicas), ("batching", batching), ("fleet", fleet), ("store", store))
+    *((name, _measured_by(name)) for name in ("replicas", "batching", "fleet")), ("store", store))
 
 
 def environment(options: BenchOptions, bench: InProcessBench) -> dict:

@@ -15,6 +15,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -87,6 +89,50 @@ def serving_request(bench):
 def start_server(bench) -> AppServer:
     request = serving_request(bench)
     return AppServer(f"{request.mode}:{SHAPE}")
+
+
+@dataclass
+class Burst:
+    """What `burst` measured: each answered request's seconds and JSON body, the refusals and failures, the wall
+    time of the whole burst."""
+
+    answers: list[tuple[float, dict]]
+    errors: list[str]
+    wall: float
+
+    @property
+    def latencies(self) -> list[float]:
+        return [seconds for seconds, _ in self.answers]
+
+
+def burst(url: str, clients: int, each: int, body: Callable[[int, int], dict], name: str) -> Burst:
+    """`clients` plain-HTTP clients released at once, each posting `each` Images API requests (`body(client, i)`) one
+    after the other."""
+    answers: list[tuple[float, dict]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients)
+
+    def client(c: int) -> None:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            start.wait()
+            for r in range(each):
+                began = time.perf_counter()
+                answer = http.post("/v1/images/generations", json=body(c, r))
+                seconds = time.perf_counter() - began
+                with lock:
+                    if answer.status_code == 200:
+                        answers.append((seconds, answer.json()))
+                    else:
+                        errors.append(f"{answer.status_code}: {answer.text[:160]}")
+
+    threads = [threading.Thread(target=client, args=(c,), name=f"{name}-{c}") for c in range(clients)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return Burst(answers, errors, time.perf_counter() - began)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .figures import Figure, Spread, Target, ratios
-from .restart import _run_child
+from .restart import _run_child, new_cache
 
 SIZE = "64x64"
 MODE = "compiled"
@@ -55,10 +55,7 @@ def measure_store(models_dir: Path, model: str, hardware: str, backend: str, pai
     cold, fresh = [], []
     try:
         def fresh_cache(name: str) -> Path:
-            folder = work / name
-            folder.mkdir()
-            (folder / "models").symlink_to(models_dir.resolve(), target_is_directory=True)
-            return folder
+            return new_cache(work, name, models_dir)
 
         with bench_store(work) as (base, env, what):
             for i in range(pairs):

@@ -206,15 +206,15 @@ def _llm_text_config(
     )
 
 
+# The FLUX transformers' blocks: two double-stream and two single-stream, on latents whose 2x2 pixels are packed into
+# channels (by the VAE for FLUX.2, by the pipeline for FLUX.1).
+_FLUX_BLOCKS = {"patch_size": 1, "in_channels": 4 * _VAE_LATENT_CHANNELS, "num_layers": 2, "num_single_layers": 2,
+                "attention_head_dim": _HEAD_DIM, "num_attention_heads": _HEADS}
+
+
 def _flux2_transformer(joint_attention_dim: int, guidance_embeds: bool) -> Flux2Transformer2DModel:
     return Flux2Transformer2DModel(
-        patch_size=1,
-        # The VAE already packs 2x2 latent pixels into channels.
-        in_channels=4 * _VAE_LATENT_CHANNELS,
-        num_layers=2,
-        num_single_layers=2,
-        attention_head_dim=_HEAD_DIM,
-        num_attention_heads=_HEADS,
+        **_FLUX_BLOCKS,
         joint_attention_dim=joint_attention_dim,
         timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4),
@@ -278,13 +278,7 @@ def _build_flux1() -> FluxPipeline:
     clip_hidden, t5_hidden = 32, 32
     tokenizer, tokenizer_2 = _clip_tokenizer(), _t5_tokenizer()
     transformer = FluxTransformer2DModel(
-        patch_size=1,
-        # The pipeline packs 2x2 latent pixels into channels.
-        in_channels=4 * _VAE_LATENT_CHANNELS,
-        num_layers=2,
-        num_single_layers=2,
-        attention_head_dim=_HEAD_DIM,
-        num_attention_heads=_HEADS,
+        **_FLUX_BLOCKS,
         joint_attention_dim=t5_hidden,
         pooled_projection_dim=clip_hidden,
         # Like FLUX.1-schnell: timestep-distilled, no guidance embedding.
