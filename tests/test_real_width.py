@@ -101,7 +101,7 @@ def test_compiled_builds_one_graph_per_key_the_catalog_predicts(model):
     eager = {shape: transformer(**inputs(model.name, transformer, shape))[0] for shape in SHAPES}
     transformer.compile(backend="aot_eager", fullgraph=True, dynamic=False)
     before, outs = graphs(), {}
-    for shape in (*SHAPES, *SHAPES):  # each shape twice: the second pass compiles nothing
+    for shape in (*SHAPES, SHAPES[0]):  # the first shape revisited last: it compiles nothing more
         outs[shape] = transformer(**inputs(model.name, transformer, shape))[0]
     keys = {model.spec.graph_key(shape, 1, 0.0) for shape in SHAPES}
     assert graphs() - before == len(keys)  # packed FLUX latents: 512x256 and 256x512 share a graph, SD3 not
