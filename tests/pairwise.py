@@ -152,39 +152,3 @@ def _edit(edit: str) -> tuple[object, bytes | None]:
     mask.paste((0, 0, 0, 0), (0, 0, SIZE // 2, SIZE // 2))
     return _picture(200), _png(mask)
 
-
-def over_v1(case: Case, url: str, timeout: float = 600) -> tuple[list[Image.Image], bool] | str:
-    """The case as one Images API request to a served app (an edit as /v1/images/edits, previews as a stream with
-    partial images): its pictures and whether a partial picture came; or, refused, the error's message."""
-    import base64
-    import json
-
-    import httpx
-
-    images, mask = _edit(case.edit)
-    fields = {"prompt": PROMPT, "model": case.model, "size": f"{SIZE}x{SIZE}", "n": case.batch, "seed": SEED,
-              "hardware": "cpu", "mode": case.mode, "placement": case.placement, "step_cache": case.step_cache,
-              "quantization": case.quantization, "lora": case.style,
-              **({"stream": True, "partial_images": 1} if case.previews else {})}
-    if images is None:
-        asked = {"url": url + "/v1/images/generations", "json": fields}
-    else:
-        pictures = images if isinstance(images, list) else [images]
-        files = [("image[]", (f"p{i}.png", data, "image/png")) for i, data in enumerate(pictures)]
-        files += [("mask", ("mask.png", mask, "image/png"))] if mask else []
-        asked = {"url": url + "/v1/images/edits", "files": files,
-                 "data": {k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in fields.items()}}
-    with httpx.stream("POST", timeout=timeout, **asked) as answer:
-        if answer.status_code != 200:
-            answer.read()
-            return answer.json()["error"]["message"]
-        if not case.previews:
-            answer.read()
-            data = answer.json()["data"]
-            return [Image.open(io.BytesIO(base64.b64decode(d["b64_json"]))) for d in data], False
-        events = [json.loads(line[len("data: "):]) for line in answer.iter_lines() if line.startswith("data: ")]
-    if events and events[-1].get("type") == "error":
-        return events[-1]["error"]["message"]
-    done = sorted((e for e in events if e["type"].endswith(".completed")), key=lambda e: e.get("index", 0))
-    return ([Image.open(io.BytesIO(base64.b64decode(e["b64_json"]))) for e in done],
-            any(e["type"].endswith(".partial_image") for e in events))

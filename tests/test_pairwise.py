@@ -1,7 +1,7 @@
 """Every pair of a request's choices works or is refused up front (`tests/pairwise.py`): the refusals, and the cases
 this engine draws — this process's devices, and the torchrun pool for tp, cfg and cp. The cases whose executor is the
 fleet are planned here (so every pair with `executor=fleet` is in the plan) but not drawn yet: they need the Ray
-cluster of `tests/fleet_cluster.py`, and `pairwise.over_v1` is the way they would be sent there."""
+cluster of `tests/fleet_cluster.py`."""
 from __future__ import annotations
 
 import numpy as np
