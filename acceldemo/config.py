@@ -155,6 +155,9 @@ class Settings:
     # HF_ENDPOINT for another hub: huggingface_hub reads both). Default off, or on in a Space (SPACE_ID set) unless
     # HF_HUB_OFFLINE is set.
     download: bool = False
+    # Whether the app is also a Model Context Protocol server (Gradio's, at /gradio_api/mcp/): its tools are
+    # acceldemo/ui/mcp_tools.py's. Off by default: an MCP client is one more door a person must mean to open.
+    mcp: bool = False
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> Settings:
@@ -197,6 +200,7 @@ class Settings:
             lora_dir=Path(text("ACCELDEMO_LORA_DIR")) if text("ACCELDEMO_LORA_DIR") else None,
             result_cache=bounded("ACCELDEMO_RESULT_CACHE", 32 if text("SPACE_ID") else 0, 0, 10_000, int),
             download=switch("ACCELDEMO_DOWNLOAD", bool(text("SPACE_ID")) and not text("HF_HUB_OFFLINE")),
+            mcp=switch("ACCELDEMO_MCP", False),
         )
 
     def replicas_of(self, hardware: str) -> int | None:

@@ -67,7 +67,8 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--warmup", "compiled:64x64@1,2"],
+        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--warmup", "compiled:64x64@1,2",
+                                    "--mcp"],
                                    cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = ServerUrl(f"http://127.0.0.1:{port}")
     url.pid = process.pid

@@ -11,8 +11,8 @@ from ..records import GenerateParams, Request, Shape
 
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
-SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "replicas", "batching",
-            "previews", "styles", "acceleration", "parallel")
+SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "mcp", "replicas",
+            "batching", "previews", "styles", "acceleration", "parallel")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 
@@ -55,6 +55,7 @@ class Plan:
     batch_per_client: int
     batch_rounds: int  # rounds of each, alternating which goes first
     batch_single: int  # requests of one client alone, interleaved between the two
+    mcp_pairs: int  # rounds of one request as an MCP tool call, over /v1, and as a tool call with progress (section 15)
     notes: tuple[str, ...] = ()
 
 
@@ -64,12 +65,12 @@ PLANS = {
                  restart_backend="inductor", cold_runs=2, restart_runs=3, serving_mode="compiled",
                  serving_single=20, serving_clients=8, serving_per_client=5, pool_pairs=40,
                  replica_clients=8, replica_per_client=8, batch_clients=8, batch_per_client=8, batch_rounds=3,
-                 batch_single=30),
+                 batch_single=30, mcp_pairs=20),
     "quick": Plan("quick", "aot_eager", overhead_pairs=16, shapes=_shapes("64x64", "128x128"), latency_runs=6,
                   revisit_shapes=REVISIT_SHARED, compile_runs=1, warm_runs=6, restart_backend="inductor",
                   cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=8, serving_clients=8,
                   serving_per_client=2, pool_pairs=4, replica_clients=8, replica_per_client=4, batch_clients=8,
-                  batch_per_client=4, batch_rounds=1, batch_single=10,
+                  batch_per_client=4, batch_rounds=1, batch_single=10, mcp_pairs=8,
                   notes=("--quick: the in-process compiled sections (1, 4, 5, 6) use the aot_eager backend, which "
                          "traces like inductor but runs at eager speed: compile seconds and graph counts are "
                          "real, compiled-vs-eager latencies are not; the full run uses inductor. Restart (3) "
@@ -79,7 +80,7 @@ PLANS = {
                   revisit_shapes=_shapes("64x64", "64x128", "128x64"), compile_runs=1, warm_runs=2,
                   restart_backend="eager", cold_runs=1, restart_runs=1, serving_mode="eager", serving_single=2,
                   serving_clients=2, serving_per_client=1, pool_pairs=2, replica_clients=2, replica_per_client=1,
-                  batch_clients=2, batch_per_client=1, batch_rounds=1, batch_single=1,
+                  batch_clients=2, batch_per_client=1, batch_rounds=1, batch_single=1, mcp_pairs=2,
                   notes=("--smoke: checks that every section runs, with dynamo's 'eager' backend (tracing and "
                          "guards, no code generation) and the fewest runs; its figures are not measurements.",)),
 }

@@ -1,10 +1,12 @@
 """`python -m acceldemo serve`, and app.py (the Space's entry point) with the same flags: the page on FastAPI beside
-/health, /ready, /status, /metrics and the OpenAI-compatible Images API, at http://127.0.0.1:7860 by default."""
+/health, /ready, /status, /metrics, the OpenAI-compatible Images API and (--mcp) the MCP server, at
+http://127.0.0.1:7860 by default."""
 from __future__ import annotations
 
 import argparse
 import atexit
 import dataclasses
+import importlib.util
 import logging
 import os
 import shutil
@@ -40,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default in a Space unless HF_HUB_OFFLINE is set; HF_TOKEN for gated repositories)")
     parser.add_argument("--auth",
                         help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH; default: none, no login)")
+    parser.add_argument("--mcp", action="store_true", default=None,
+                        help="also serve an MCP server at /gradio_api/mcp/ (streamable HTTP) whose tools draw, edit, "
+                             "list the models and plan; behind ACCELDEMO_API_TOKEN when it is set (env "
+                             "ACCELDEMO_MCP; default: off)")
     parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
                                            "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
     parser.add_argument("--ray", metavar="ADDRESS",
@@ -69,7 +75,8 @@ def check_model(name: str) -> str:
 
 def serve_settings(args: argparse.Namespace, settings: Settings) -> Settings:
     """The environment's settings with the flags given on top (each checked as its variable would be)."""
-    changes: dict[str, object] = {"download": bool(args.download) or settings.download}
+    changes: dict[str, object] = {"download": bool(args.download) or settings.download,
+                                  "mcp": bool(args.mcp) or settings.mcp}
     if args.replicas:
         changes["replicas"] = per_hardware("--replicas", args.replicas)
     if args.ray is not None:
@@ -112,6 +119,8 @@ def serve(args: argparse.Namespace) -> int:
         auth = parse_auth(settings.auth)
     except (AcceldemoError, ValueError) as error:
         return _refuse(error)
+    if settings.mcp and importlib.util.find_spec("mcp") is None:
+        return _refuse("--mcp / ACCELDEMO_MCP needs the mcp package: pip install -r requirements.txt")
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found: make that an
     # exit that runs the atexit clean-ups (the image folder, any worker pool) instead of a kill that skips them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -122,8 +131,9 @@ def serve(args: argparse.Namespace) -> int:
     from ..builder import build_engine
     from ..hardware import prepare_process
 
-    open_doors = [door for door, guard in (("the page (no --auth)", auth),
-                                           ("the /v1 API (no ACCELDEMO_API_TOKEN)", settings.api_token)) if not guard]
+    doors = [("the page (no --auth)", auth), ("the /v1 API (no ACCELDEMO_API_TOKEN)", settings.api_token),
+             *([("the MCP server (no ACCELDEMO_API_TOKEN)", settings.api_token)] if settings.mcp else [])]
+    open_doors = [door for door, guard in doors if not guard]
     if settings.host not in ("127.0.0.1", "localhost", "::1") and open_doors:
         log.warning("serving on %s: anyone who reaches this address can use %s", settings.host,
                     " and ".join(open_doors))
@@ -142,8 +152,10 @@ def serve(args: argparse.Namespace) -> int:
             engine = build_engine(settings)
     except (AcceldemoError, ValueError) as error:
         return _refuse(error)
-    app = create_app(engine, warmup, args.model, auth, settings.api_token)
+    app = create_app(engine, warmup, args.model, auth, settings.api_token, settings.mcp)
     log.info("serving on http://%s:%d", settings.host, settings.port)
+    if settings.mcp:
+        log.info("MCP server (streamable HTTP) on http://%s:%d/gradio_api/mcp/", settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
 

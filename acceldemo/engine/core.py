@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from prometheus_client import Gauge
 
 from ..config import MAX_BATCH, Settings
-from ..errors import AcceldemoError, GenerationFailed, InvalidRequest, describe_error
+from ..errors import AcceldemoError, GenerationFailed, InvalidRequest, UnknownName, describe_error
 from ..executors.artifacts import EVENTS, ArtifactStore
 from ..hardware import HardwareRegistry
 from ..models.catalog import CATALOG, component_bytes_at, get_model, step_cache_views
@@ -256,7 +256,10 @@ class Engine:
 
     def plan(self, model: object, host: object, quantization: object = None) -> HostPlan:
         """What a model would get on a host kind (`trn2.48xlarge`, `v6e-4`, ...), present here or not."""
-        weights = Quantization.NONE if quantization in (None, "") else Quantization(quantization)
+        try:
+            weights = Quantization.NONE if quantization in (None, "") else Quantization(quantization)
+        except ValueError:
+            raise UnknownName("quantization", quantization, [str(q) for q in Quantization]) from None
         return plan_host(get_model(model), named_host(host), self.settings, weights)
 
     def describe(self) -> Description:

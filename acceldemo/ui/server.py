@@ -1,5 +1,6 @@
-"""The serving process: Gradio page mounted on FastAPI beside /health, /ready, /status, /metrics and the
-OpenAI-compatible Images API (/v1). Its command line (app.py, `python -m acceldemo serve`) is acceldemo/cli/serve.py."""
+"""The serving process: Gradio page mounted on FastAPI beside /health, /ready, /status, /metrics, the
+OpenAI-compatible Images API (/v1) and, when asked for, the MCP server (/gradio_api/mcp/). Its command line (app.py,
+`python -m acceldemo serve`) is acceldemo/cli/serve.py."""
 from __future__ import annotations
 
 import contextlib
@@ -11,12 +12,14 @@ import gradio as gr
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine, as_json, parse_resolution
 from ..errors import InvalidRequest
 from ..records import Shape
 from .image_store import ImageStore
+from .mcp_tools import MCP_PATH, TOOLS_MOUNT, tools_blocks
 from .openai_api import openai_http_error, openai_router
 from .page import CSS, build_page
 
@@ -59,24 +62,55 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     return user, password
 
 
+NEEDS_TOKEN = "this route needs Authorization: Bearer <ACCELDEMO_API_TOKEN>"
+
+
+def bearer_ok(token: str | None, given: str) -> bool:
+    """Whether an Authorization header's value lets a request in: any without a token configured, else `Bearer
+    <token>` exactly (compared in constant time)."""
+    return token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
 def bearer_guard(token: str | None):
     """A dependency that asks for `Authorization: Bearer <token>` when a token is configured."""
     def check(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise HTTPException(401, "this route needs Authorization: Bearer <ACCELDEMO_API_TOKEN>",
-                                headers={"WWW-Authenticate": "Bearer"})
+        if not bearer_ok(token, request.headers.get("authorization", "")):
+            raise HTTPException(401, NEEDS_TOKEN, headers={"WWW-Authenticate": "Bearer"})
     return check
 
 
-def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = None,
-               auth: tuple[str, str] | None = None, api_token: str | None = None) -> FastAPI:
-    """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
-    (or has run past `warmup_timeout_s`).
+class McpDoor:
+    """ASGI middleware in front of the MCP server: /gradio_api/mcp/ (and the paths below it) answered by the tools'
+    own Gradio app mounted at TOOLS_MOUNT, and both behind the bearer token when ACCELDEMO_API_TOKEN is set, as /v1
+    is."""
 
-    `auth` protects the page and the Gradio API; `api_token` protects /status, /metrics and /v1.
+    def __init__(self, app, token: str | None):
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        aliased = _under(path, MCP_PATH)
+        if scope["type"] != "http" or not (aliased or _under(path, TOOLS_MOUNT)):
+            return await self.app(scope, receive, send)
+        if not bearer_ok(self.token, Headers(scope=scope).get("authorization", "")):
+            answer = JSONResponse({"detail": NEEDS_TOKEN}, 401, headers={"WWW-Authenticate": "Bearer"})
+            return await answer(scope, receive, send)
+        if aliased:
+            scope = {**scope, "path": TOOLS_MOUNT + path, "raw_path": (TOOLS_MOUNT + path).encode()}
+        await self.app(scope, receive, send)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = None,
+               auth: tuple[str, str] | None = None, api_token: str | None = None, mcp: bool = False) -> FastAPI:
+    """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
+    (or has run past `warmup_timeout_s`). With `mcp`, also an MCP server at /gradio_api/mcp/ (streamable HTTP)
+    offering the tools of `mcp_tools`.
+
+    `auth` protects the page and the Gradio API; `api_token` protects /status, /metrics, /v1 and the MCP server.
     /health and /ready stay open for load balancers.
     """
     guarded = [Depends(bearer_guard(api_token))]
@@ -114,6 +148,12 @@ def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = 
 
     app.include_router(openai_router(engine, images, guarded))
     app.add_exception_handler(StarletteHTTPException, openai_http_error)
+    if mcp:
+        tools = tools_blocks(engine)
+        gr.mount_gradio_app(app, tools, path=TOOLS_MOUNT, ssr_mode=False, mcp_server=True)
+        if tools.mcp_error:  # Gradio serves on without its MCP server: asked for, its absence is an error
+            raise RuntimeError(tools.mcp_error)
+        app.add_middleware(McpDoor, token=api_token)
     page = build_page(engine)
     # Gradio's queue is only the page's transport: it hands every job to the page's handler at once, which admits it
     # into the engine's line before anything waits (or shows the engine's refusal), so the line is the only place a
