@@ -25,7 +25,7 @@ SHAPE = Shape(128, 128)
 LONG_STEPS = 28
 CACHE = "taylorseer"
 # Held-out captions each pair draws (one image per caption and configuration), by plan.
-CAPTIONS = {"full": 48, "quick": 16, "smoke": 2}
+CAPTIONS = {"full": 48, "quick": 16, "smoke": 1}
 RESULT_RUNS = {"full": 30, "quick": 12, "smoke": 2}
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 
 # The page's default model at its default size, and the tests' model compiled (its steps are the fastest: previews
 # weigh most there).
-# Calls timed together as one run of a pair.
-CALLS_PER_RUN = 5
+# Calls timed together as one run of a pair, by plan (a smoke run's figures are not compared: one call checks the
+# section).
+CALLS_PER_RUN = {"full": 5, "quick": 5, "smoke": 1}
 CASES = (("tiny-shapes", "eager", Shape(64, 64)), ("tiny-flux2-klein", "compiled", Shape(128, 128)))
 
 
@@ -31,17 +32,18 @@ def previews(bench: InProcessBench) -> list[Figure]:
         shares: list[float] = []
 
         def timed(checked) -> float:
-            """Seconds per call of CALLS_PER_RUN calls in a row: the difference sought (a few %) is small beside a
+            """Seconds per call of the plan's calls in a row: the difference sought (a few %) is small beside a
             shared host's call-to-call noise."""
             started = bench.clock()
-            for _ in range(CALLS_PER_RUN):
+            calls = CALLS_PER_RUN[bench.plan.name]
+            for _ in range(calls):
                 made = []  # a front end's callback either way: the previews are the only difference
                 result = bench.engine.generate(checked, lambda event: made.append(event.preview) if event.preview
                                                else None)
                 if checked.previews:
                     counts.append(len(made))
                     shares.append(result.preview_seconds / (result.seconds - result.queue_wait))
-            return (bench.clock() - started) / CALLS_PER_RUN
+            return (bench.clock() - started) / calls
 
         timed(shown), timed(plain)  # loads, compiles and fits nothing inside the timed pairs
         counts.clear(), shares.clear()
