@@ -4,18 +4,20 @@
 # slowest tests. `--fast`: the quick tier only (validation, the engine, the API routes, the CLI's refusals; no
 # browser, no worker pools, no real compilers), for a change in progress. Other arguments go to pytest.
 #
-# The quick tier runs on two pytest-xdist workers, a test file each at a time (`--dist loadfile`: a file's module
-# fixtures are built once), with one torch thread per process (OMP_NUM_THREADS=1): on a 2-core host two busy
-# processes of 2 threads each run the tiny models many times slower than of 1. The whole suite runs serially: its
-# long tests are worker pools, app servers and Ray nodes of several processes each, which two workers at once only
-# slow down (measured on this host: 43 min on two workers against 31 serially).
+# Tests that are not marked slow (the quick tier, the tiny models' own checks, the fake devices, inductor in-process)
+# run on two pytest-xdist workers, a test file each at a time (`--dist loadfile`: a file's module fixtures are built
+# once), with one torch thread per process (OMP_NUM_THREADS=1): on a 2-core host two busy processes of 2 threads each
+# run the tiny models many times slower than of 1. Measured here: the 505 such tests in 8.5 min. The tests marked slow
+# then run serially: they are worker pools, app servers, a browser, bench runs and Ray nodes of several processes
+# each, which two workers at once only slow down and make flaky (measured on this host: the whole suite on two
+# workers 45 min with browser timeouts, against 60 serially). With arguments (a file, -k, -m ...), pytest runs them
+# once, serially, as given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tier=()
+fast=0
 if [ "${1:-}" = "--fast" ]; then
   shift
-  tier=(-n 2 --dist loadfile -m "not slow and not heavy and not inductor and not tpu_wheel")
-  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  fast=1
 elif [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
@@ -26,4 +28,15 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.requirements-sha256 2>/dev/null)
   .venv/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
   echo "$wanted" > .venv/.requirements-sha256
 fi
-exec .venv/bin/python -m pytest "${tier[@]}" --durations=20 "$@"
+pytest=(.venv/bin/python -m pytest --durations=20)
+parallel=(-n 2 --dist loadfile)
+if [ "$fast" = 1 ]; then
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" exec "${pytest[@]}" "${parallel[@]}" \
+    -m "not slow and not heavy and not inductor and not tpu_wheel" "$@"
+elif [ $# -gt 0 ]; then
+  exec "${pytest[@]}" "$@"
+fi
+status=0
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${pytest[@]}" "${parallel[@]}" -m "not slow" || status=$?
+"${pytest[@]}" -m slow || status=$?
+exit "$status"
