@@ -42,6 +42,9 @@ class EnginesFleet:
     def capacity(self, hardware: str) -> int:
         return len(self.engines) if hardware == "cpu" else 0
 
+    def devices_per_replica(self, hardware: str) -> int:
+        return 1 if hardware == "cpu" else 0  # one CPU core each, as a Ray replica of num_cpus=1
+
     def run(self, request, on_progress, cancelled):
         if self.lose:
             raise ReplicaLost("pipelines-cpu", "its actor died twice")
@@ -129,6 +132,20 @@ def test_a_request_pinned_to_a_device_is_refused_on_a_fleet(fleet_engine):
     with pytest.raises(InvalidRequest) as refused:
         engine.submit(engine.check(_params(device="cpu:0")))
     assert "device" in str(refused.value) and "Ray Serve places the replicas" in str(refused.value)
+
+
+@pytest.mark.parametrize("placement", [{"placement": "tp", "tp_size": 2},
+                                       {"placement": "cfg", "model": "tiny-sd3", "guidance": 4.5},
+                                       {"placement": "cp", "cp_size": 2}])
+def test_a_placement_wider_than_a_replica_is_refused_before_the_fleet_sees_it(fleet_engine, placement):
+    engine, fleet = fleet_engine()
+    request = engine.check(_params(**placement))
+    with pytest.raises(InvalidRequest) as refused:
+        engine.submit(request)
+    assert refused.value.field == "placement" and str(refused.value).endswith(
+        "a placement of at most 1 rank(s): each replica of this fleet holds 1 cpu device(s)")
+    assert fleet.runs == 0 and engine.snapshot().counters.requests[Outcome.INVALID] == 1
+    assert engine.generate(_params()).images[0].size == (64, 64)  # device placement: served
 
 
 def test_a_lost_replica_fails_the_request_by_name(fleet_engine):

@@ -11,7 +11,7 @@ from typing import Protocol
 from ..config import Settings
 from ..errors import InvalidRequest, QueueFull
 from ..hardware import HardwareRegistry
-from ..records import GenerateResult, ProgressCallback, Request, Shape
+from ..records import GenerateResult, ProgressCallback, Request, Shape, placement_label
 from .jobs import Job, Running, of_image, run_together
 from .ledger import CompiledShape
 from .stats import EngineStats, Kind, Outcome
@@ -24,6 +24,10 @@ class Fleet(Protocol):
 
     def capacity(self, hardware: str) -> int:
         """Replicas of `hardware` the fleet may run at once (its autoscaling maximum): requests beyond them wait."""
+
+    def devices_per_replica(self, hardware: str) -> int:
+        """Devices (GPUs, NeuronCores, chips, CPU cores) each replica of `hardware` holds: the most ranks one
+        pipeline of a replica can span (0 where the fleet serves no `hardware`)."""
 
     def run(self, request: Request, on_progress: ProgressCallback, cancelled: Callable[[], bool]) -> GenerateResult:
         """One image drawn by a replica (retried once elsewhere when its replica is lost), or its typed error."""
@@ -76,6 +80,13 @@ class FleetBackend:
         if request.devices is not None:
             self.stats.count(kind, Outcome.INVALID)
             raise InvalidRequest("device", str(request.devices), "none: on a Ray fleet, Ray Serve places the replicas")
+        held = self.fleet.devices_per_replica(request.hardware)
+        if request.world_size > held:
+            # Refused before anything is sent: a replica would fail to start a pool of more ranks than its devices.
+            self.stats.count(kind, Outcome.INVALID)
+            raise InvalidRequest("placement", placement_label(request.placement, request.tp_size, request.cp_size),
+                                 f"a placement of at most {held} rank(s): each replica of this fleet holds {held} "
+                                 f"{request.hardware} device(s)")
         capacity = self.fleet.capacity(request.hardware)
         with self._lock:
             in_flight = self._in_fleet.get(request.hardware, 0)

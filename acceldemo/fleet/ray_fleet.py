@@ -104,6 +104,7 @@ class RayFleet:
         resources = ray.cluster_resources()
         plan = plan_fleet(settings, resources, model, cpus_per_replica)
         self.found, self.hardware, replicas, self._capacity = plan.found, plan.hardware, plan.replicas, plan.capacity
+        self._devices = plan.devices_per_replica
         autoscaling = dict(settings.ray_autoscaling)
         self.deployment = f"pipelines-{self.hardware}"
         serve.start(http_options={"location": "NoServer"})
@@ -133,6 +134,9 @@ class RayFleet:
 
     def capacity(self, hardware: str) -> int:
         return self._capacity if hardware == self.hardware else 0
+
+    def devices_per_replica(self, hardware: str) -> int:
+        return self._devices if hardware == self.hardware else 0
 
     def run(self, request: Request, on_progress: ProgressCallback, cancelled: Callable[[], bool]) -> GenerateResult:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
