@@ -23,7 +23,7 @@ from acceldemo.hardware import prepare_process  # noqa: E402
 # As the app's entry points do, once, before torch loads: compiler caches into the test cache dir.
 prepare_process(Settings.from_env())
 
-from tests.engines import free_port, new_manager  # noqa: E402
+from tests.engines import free_port, new_manager, wait_until_answers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +60,6 @@ def server(tmp_path_factory):
     """The real app.py serving on a free loopback port, with start-up warm-up of one shape."""
     import subprocess
     import sys
-    import time
-    import urllib.request
 
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
@@ -72,16 +70,11 @@ def server(tmp_path_factory):
                                    cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = ServerUrl(f"http://127.0.0.1:{port}")
     url.pid = process.pid
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.time() > deadline:
-                process.kill()
-                raise RuntimeError("server did not start:\n" + log_path.read_text()[-3000:]) from None
-            time.sleep(0.5)
+    try:
+        wait_until_answers(url + "/health", process, log_path)
+    except AssertionError:
+        process.kill()
+        raise
     yield url
     process.terminate()
     try:

@@ -24,6 +24,25 @@ def new_manager(settings: Settings | None = None, **overrides) -> Engine:
     return build_engine(dataclasses.replace(settings, **overrides))
 
 
+def wait_until_answers(url: str, process, log: Path | None = None, timeout: float = 120) -> None:
+    """Until GET `url` answers (2xx); fails with the log's tail (when there is one) as soon as `process` has ended,
+    or once `timeout` seconds have gone by."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            ended = process.poll() is not None
+            if ended or time.monotonic() > deadline:
+                tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+                raise AssertionError(f"{url} never answered ({'the process ended' if ended else 'timed out'}):\n"
+                                     f"{tail}") from None
+            time.sleep(0.5)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from acceldemo.config import Settings
 from acceldemo.errors import ModelUnavailable
 from acceldemo.models.catalog import get_model
 from acceldemo.models.tiny import ensure_tiny_model
-from tests.engines import free_port
+from tests.engines import free_port, wait_until_answers
 from tests.fake_hub import Hub, Repo, serve
 
 pytestmark = pytest.mark.slow
@@ -191,14 +191,7 @@ def test_a_space_style_start_fetches_its_model_with_progress_and_serves(hub, tmp
                            stdin=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                assert app.poll() is None and time.time() < deadline, (tmp_path / "app.log").read_text()[-3000:]
-                time.sleep(0.5)
+        wait_until_answers(url + "/health", app, tmp_path / "app.log")
         models = json.load(urllib.request.urlopen(url + "/v1/models/flux1-schnell"))
         assert models["available"] and models["default"] and "on first use (ACCELDEMO_DOWNLOAD)" in \
             models["availability"]

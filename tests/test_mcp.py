@@ -24,7 +24,7 @@ from PIL import Image
 from acceldemo.cli.serve import add_arguments, serve_settings
 from acceldemo.config import Settings
 from acceldemo.ui.mcp_tools import TOOLS, TOOLS_MOUNT
-from tests.engines import free_port
+from tests.engines import free_port, wait_until_answers
 from training.shapes.dataset import Scene, render
 from training.shapes.judge import judge
 
@@ -212,14 +212,7 @@ def guarded(tmp_path_factory):
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/ready", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
-                time.sleep(0.5)
+        wait_until_answers(url + "/ready", process, log_path)
         yield url
     finally:
         process.terminate()

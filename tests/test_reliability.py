@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from acceldemo.errors import Cancelled, CapacityExceeded
 from acceldemo.records import DeviceSet, GenerateParams, Phase
-from tests.engines import free_port
+from tests.engines import free_port, wait_until_answers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -318,14 +318,7 @@ def test_a_terminated_app_removes_its_private_image_folder():
     app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert app.poll() is None and time.monotonic() < deadline
-                time.sleep(0.5)
+        wait_until_answers(f"http://127.0.0.1:{port}/health", app)
         (folder,) = set(glob.glob(f"{tempfile.gettempdir()}/acceldemo-images-*")) - before
         assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
         app.terminate()
