@@ -161,11 +161,15 @@ def test_device_script_full_configs_are_the_4b_architecture():
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from acceldemo.models.loading import LOADING
+
     spec = importlib.util.spec_from_file_location("flux2_klein_cuda", DEVICE_SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     config = script.configs(dry_run=False)
-    with torch.device("meta"):
+    # Holding the product's load lock: a pipeline another test left loading in a thread of this process turns
+    # transformers' weight tying off for the whole process while it loads (`no_tie_weights`), untying lm_head.
+    with LOADING, torch.device("meta"):
         sizes = {name: sum(p.numel() for p in module.parameters()) for name, module in (
             ("transformer", Flux2Transformer2DModel(**config["transformer"])),
             ("text_encoder", Qwen3ForCausalLM(Qwen3Config(**config["text_encoder"]))),

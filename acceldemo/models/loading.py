@@ -17,12 +17,12 @@ from .catalog import ModelSpec
 # half-made module: "module 'diffusers' has no attribute 'Flux2KleinPipeline'"), and transformers and accelerate
 # build models under `init_empty_weights`, which swaps torch.nn.Module's parameter registration for the whole
 # process while it runs (two loads at once can leave parameters on the meta device, for every later load too).
-_LOADING = threading.RLock()
+LOADING = threading.RLock()
 
 
 def model_source(spec: ModelSpec, settings: Settings) -> str:
     """Where the weights are: a local folder, or a repo id that must already be in the HF cache."""
-    with _LOADING:  # an embedded model may be built now
+    with LOADING:  # an embedded model may be built now
         return _model_source(spec, settings)
 
 
@@ -99,7 +99,7 @@ def load_pipeline(spec: ModelSpec, settings: Settings, quantization: Quantizatio
     """The model's diffusers pipeline in its recipe dtype (its transformer and text encoders at `quantization`),
     from local files; never downloads."""
     try:
-        with _LOADING:
+        with LOADING:
             import torch
 
             source = model_source(spec, settings)
