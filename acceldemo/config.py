@@ -130,6 +130,11 @@ class Settings:
     warmup: str | None = None
     auth: str | None = None
     api_token: str | None = None
+    # Keys (acceldemo/ui/keys.py): a file of client keys (`NAME SHA256` lines) that /v1 and the MCP server ask for,
+    # and the operator key (itself, or a file holding it) for /status, /metrics and the page's operator actions.
+    api_keys: str | None = None
+    admin_key: str | None = None
+    admin_key_file: str | None = None
     # A Ray cluster whose nodes run the pipeline replicas as a Ray Serve deployment (`auto`: the cluster `ray start`
     # began on this host); None: this host's own devices, no Ray.
     ray_address: str | None = None
@@ -193,6 +198,9 @@ class Settings:
             warmup=text("ACCELDEMO_WARMUP"),
             auth=text("ACCELDEMO_AUTH"),
             api_token=text("ACCELDEMO_API_TOKEN"),
+            api_keys=text("ACCELDEMO_API_KEYS"),
+            admin_key=text("ACCELDEMO_ADMIN_KEY"),
+            admin_key_file=text("ACCELDEMO_ADMIN_KEY_FILE"),
             ray_address=text("ACCELDEMO_RAY_ADDRESS"),
             ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
             artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),

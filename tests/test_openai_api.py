@@ -35,6 +35,7 @@ from acceldemo.models.shapes import SIZES as SHAPES_SIZES
 from acceldemo.models.shapes import TRAINED_SIZES as TRAINED_SHAPES_SIZES
 from acceldemo.records import Shape
 from acceldemo.ui.image_store import ImageStore
+from acceldemo.ui.keys import Keys
 from acceldemo.ui.openai_protocol import api_error
 from acceldemo.ui.server import create_app
 from tests.engines import DeviceHolder, free_port, serving
@@ -248,7 +249,7 @@ def test_a_stream_shows_the_compile_and_each_step_then_the_image(client):
 # --- an app in this process, for the statuses that need its state -----------------------------------------------------
 
 def test_the_token_is_the_clients_api_key(fresh_manager):
-    with serving(create_app(fresh_manager(), api_token="s3cret")) as url:
+    with serving(create_app(fresh_manager(), keys=Keys.from_settings(api_token="s3cret"))) as url:
         with pytest.raises(openai.AuthenticationError) as raised:
             sdk(url, "wrong").images.generate(prompt="a red circle")
         assert (raised.value.code, raised.value.type) == ("invalid_api_key", "invalid_request_error")

@@ -53,9 +53,10 @@ def test_a_device_busy_past_the_wait_limit_answers_busy_retry(fresh_manager):
 
 
 def test_status_and_metrics_need_the_token_when_one_is_set(fresh_manager):
+    from acceldemo.ui.keys import Keys
     from acceldemo.ui.server import create_app
 
-    with TestClient(create_app(fresh_manager(), api_token="s3cret")) as client:
+    with TestClient(create_app(fresh_manager(), keys=Keys.from_settings(api_token="s3cret"))) as client:
         assert client.get("/health").json() == {"ok": True}
         assert client.get("/status").status_code == 401
         assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401

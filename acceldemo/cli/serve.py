@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="USER:PASSWORD for the page and API (env ACCELDEMO_AUTH; default: none, no login)")
     parser.add_argument("--mcp", action="store_true", default=None,
                         help="also serve an MCP server at /gradio_api/mcp/ (streamable HTTP) whose tools draw, edit, "
-                             "list the models and plan; behind ACCELDEMO_API_TOKEN when it is set (env "
+                             "list the models and plan; behind the client keys when they are set (env "
                              "ACCELDEMO_MCP; default: off)")
     parser.add_argument("--replicas", help="copies of each pipeline, one per device set: N, or per hardware as "
                                            "cpu=2,cuda=4 (env ACCELDEMO_REPLICAS; default: the placement proposal)")
@@ -113,10 +113,12 @@ def serve(args: argparse.Namespace) -> int:
     prepare_environment()
     try:
         settings = serve_settings(args, Settings.from_env())
+        from ..ui.keys import Keys
         from ..ui.server import create_app, parse_auth, parse_warmup
 
         warmup = parse_warmup(settings.warmup)
         auth = parse_auth(settings.auth)
+        keys = Keys.from_settings(settings.api_keys, settings.admin_key, settings.admin_key_file, settings.api_token)
     except (AcceldemoError, ValueError) as error:
         return _refuse(error)
     if settings.mcp and importlib.util.find_spec("mcp") is None:
@@ -131,8 +133,9 @@ def serve(args: argparse.Namespace) -> int:
     from ..builder import build_engine
     from ..hardware import prepare_process
 
-    doors = [("the page (no --auth)", auth), ("the /v1 API (no ACCELDEMO_API_TOKEN)", settings.api_token),
-             *([("the MCP server (no ACCELDEMO_API_TOKEN)", settings.api_token)] if settings.mcp else [])]
+    doors = [("the page (no --auth)", auth), ("the /v1 API (no ACCELDEMO_API_KEYS)", keys.required),
+             *([("the MCP server (no keys)", keys.required)] if settings.mcp else []),
+             ("the operator's actions (no ACCELDEMO_ADMIN_KEY)", keys.operator_required)]
     open_doors = [door for door, guard in doors if not guard]
     if settings.host not in ("127.0.0.1", "localhost", "::1") and open_doors:
         log.warning("serving on %s: anyone who reaches this address can use %s", settings.host,
@@ -152,7 +155,7 @@ def serve(args: argparse.Namespace) -> int:
             engine = build_engine(settings)
     except (AcceldemoError, ValueError) as error:
         return _refuse(error)
-    app = create_app(engine, warmup, args.model, auth, settings.api_token, settings.mcp)
+    app = create_app(engine, warmup, args.model, auth, keys, settings.mcp)
     log.info("serving on http://%s:%d", settings.host, settings.port)
     if settings.mcp:
         log.info("MCP server (streamable HTTP) on http://%s:%d/gradio_api/mcp/", settings.host, settings.port)

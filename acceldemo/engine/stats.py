@@ -104,6 +104,9 @@ class EngineStats:
                                          "(skipped)", ("model", "cache", "answer"), registry=self.registry)
         self.result_hits = Counter("acceldemo_result_cache_hits", "Requests answered from the exact-result cache",
                                    registry=self.registry)
+        # Counted by the server's doors (a key's name, `visitor` or `unauthenticated`: never the key itself).
+        self.clients = Counter("acceldemo_client_requests", "Requests at each door by client, admitted or refused by "
+                               "the keys", ("door", "client", "outcome"), registry=self.registry)
         self.batches = Histogram("acceldemo_batch_requests", "Requests drawn together in one pipeline call", _LABELS,
                                  buckets=BATCH_BUCKETS, registry=self.registry)
         for outcome in Outcome:  # every outcome shows from the start, at 0

@@ -271,8 +271,9 @@ def api_error(error: BaseException) -> ApiError:
     if isinstance(error, ValidationError):
         param, message = _body_problem(error)
         return ApiError(400, message, "invalid_request_error", "invalid_value", param)
-    if isinstance(error, HTTPException):  # the token guard (401) and routing (405) of the /v1 routes
-        code = {401: "invalid_api_key", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+    if isinstance(error, HTTPException):  # the keys (401, 403) and routing (405) of the /v1 routes
+        code = {401: "invalid_api_key", 403: "insufficient_permissions",
+                405: "method_not_allowed"}.get(error.status_code, "http_error")
         return ApiError(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500
                         else "server_error", code, headers=error.headers)
     if not isinstance(error, AcceldemoError):  # a bug of ours: a message, never a traceback or a dead server

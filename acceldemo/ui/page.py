@@ -24,11 +24,15 @@ from ..hardware import all_modes, host_kinds
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
 from ..records import EditInput, EditMethod, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
+from .keys import Keys, Refused
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
 AUTO = "auto"
 NO_STYLE = "none"
+NOT_THE_OPERATOR_KEY = "That is not the operator key."
+OPERATOR_ONLY = ("{action} is the operator's action: it needs the operator key (type it in the Operator tab, or send "
+                 "Authorization: Bearer <operator key> with the API call)")
 STATUS_COLUMNS = ["pipeline", "resident", "shape", "batch", "state", "compile s", "graphs", "hits", "first call s",
                   "last warm s", "reason"]
 REPLICA_COLUMNS = ["replica", "node", "state", "waiting", "shapes held", "served", "last latency s", "restarts",
@@ -345,8 +349,8 @@ class Handlers:
     """What the page's events do: each turns the page's values into one engine call (off the event loop where it
     works: checking decodes pictures, a file is written) and its result, or its error, back."""
 
-    def __init__(self, engine: Engine, catalog: dict[str, ModelView]):
-        self.engine, self.catalog = engine, catalog
+    def __init__(self, engine: Engine, catalog: dict[str, ModelView], keys: Keys | None = None):
+        self.engine, self.catalog, self.keys = engine, catalog, keys or Keys()
         self.outputs = Path(tempfile.mkdtemp(prefix="page-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # The running job of each browser session: Stop ends it at its next denoise step.
         self.running: dict[str, WatchedJob] = {}
@@ -420,8 +424,27 @@ class Handlers:
         # `cancels` ends the event in the browser at once, so the engine's own message never reaches it.
         return (NOTHING_TO_STOP if job is None else STOPPED), *drawing(False)
 
-    async def warm_up(self, shapes, model, hardware, mode, placement, tp_size, batches=("1",),
-                      progress=gr.Progress()):
+    def operator(self, unlocked, session: gr.Request | None) -> bool:
+        """Whether this event may take the operator's actions: no operator key is needed, this page was unlocked with
+        it, or an API call carries it."""
+        if unlocked is True or not self.keys.operator_required:
+            return True
+        try:
+            caller = self.keys.caller(session.headers.get("authorization") if session is not None else None)
+        except Refused:
+            return False
+        return caller is not None and caller.operator
+
+    def unlock(self, key):
+        """The operator key typed into the Operator tab: its panels shown (this session only), or a refusal."""
+        if not self.keys.operator_key(key):
+            return False, gr.skip(), gr.skip(), "", NOT_THE_OPERATOR_KEY
+        return True, gr.update(visible=False), gr.update(visible=True), "", ""
+
+    async def warm_up(self, shapes, model, hardware, mode, placement, tp_size, batches=("1",), unlocked=False,
+                      session: gr.Request = None, progress=gr.Progress()):
+        if not self.operator(unlocked, session):
+            raise gr.Error(OPERATOR_ONLY.format(action="warming up shapes"), print_exception=False)
         if not shapes:
             raise gr.Error("choose at least one shape to warm up", print_exception=False)
         params = _params("warm-up", model, hardware, mode, placement, tp_size, None, None, None, None)
@@ -430,8 +453,11 @@ class Handlers:
         return "Warmed: " + ", ".join(f"{r.shape}{f' ×{r.batch}' if r.batch > 1 else ''} ({r.state}, "
                                       f"{r.compile_seconds:.2f} s compile)" for r in records)
 
-    def refresh_status(self, drawn):
-        """The panels; the chart is drawn again only when its points changed since this page last drew it."""
+    def refresh_status(self, drawn, unlocked=False, session: gr.Request = None):
+        """The panels; the chart is drawn again only when its points changed since this page last drew it. Nothing
+        for a page that has not shown the operator key, where one is needed."""
+        if not self.operator(unlocked, session):
+            return (gr.skip(),) * 5
         snapshot = self.engine.snapshot()
         counters = snapshot.counters
         line = (f"Line: {snapshot.queue_depth} waiting (limit {snapshot.queue_limit}) · requests "
@@ -566,10 +592,16 @@ def compare_tab(description: Description, default: ModelView, default_hw: str) -
     return c
 
 
-def operator_tab(default: ModelView, first_offer: Offer | str) -> SimpleNamespace:
+def operator_tab(default: ModelView, first_offer: Offer | str, locked: bool = False) -> SimpleNamespace:
     """The operator's view: placement, warm-up, the start-up warm-up and the line, replicas, compiled shapes and the
-    latency chart."""
+    latency chart. `locked` (an operator key is set): warm-up and the panels stay hidden until the key is typed."""
     o = SimpleNamespace()
+    o.unlocked = gr.State(False)  # kept on the server, per browser session: a page cannot set it itself
+    with gr.Row(visible=locked, elem_id="operator-lock") as o.lock:
+        o.key = gr.Textbox(type="password", label="Operator key", info="warm-up and the panels below are the "
+                           "operator's: ACCELDEMO_ADMIN_KEY", elem_id="operator-key", scale=3)
+        o.unlock = gr.Button("Unlock", elem_id="unlock", scale=1)
+        o.lock_note = gr.Markdown(elem_id="operator-lock-note")
     with gr.Row():
         o.placement = gr.Dropdown([AUTO, *map(str, Placement)], value=AUTO, label="Placement", elem_id="placement")
         # Any typed size reaches the engine, which says why it is refused; the list is what works here.
@@ -582,6 +614,13 @@ def operator_tab(default: ModelView, first_offer: Offer | str) -> SimpleNamespac
     o.other_plan = gr.Markdown(elem_id="other-host-plan")
     o.notes = gr.Markdown(option_notes(first_offer) if isinstance(first_offer, Offer) else first_offer,
                           elem_id="mode-notes")
+    with gr.Column(visible=not locked, elem_id="operator-panels") as o.panels:
+        operator_panels(o, default)
+    return o
+
+
+def operator_panels(o: SimpleNamespace, default: ModelView) -> None:
+    """Warm-up, the start-up warm-up and the line, replicas, compiled shapes and the latency chart."""
     with gr.Accordion("Warm-up", open=True, elem_id="warm-up"):
         default_presets = [str(s) for s in default.presets]
         o.warm_shapes = gr.CheckboxGroup(default_presets, value=[str(default.default_size)], label="Shapes to compile")
@@ -595,15 +634,14 @@ def operator_tab(default: ModelView, first_offer: Offer | str) -> SimpleNamespac
     gr.Markdown("### Compiled shapes")
     o.shapes = gr.Dataframe(headers=STATUS_COLUMNS, interactive=False, elem_id="shapes")
     o.chart = gr.Plot(format="png", show_label=False, elem_id="latency")
-    return o
 
 
-def build_page(engine: Engine) -> gr.Blocks:
+def build_page(engine: Engine, keys: Keys | None = None) -> gr.Blocks:
     """The page over one engine: its description fills the selectors, its snapshot the panels. The first screen is
     the prompt, Generate and the picture; Compare and the operator's view are tabs of their own."""
     description = engine.describe()
     default = description.model(description.default_model)
-    on = Handlers(engine, {m.name: m for m in description.models})
+    on = Handlers(engine, {m.name: m for m in description.models}, keys)
     first_offer = on.offer(default.name, description.default_hardware)
     # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes.
     with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as page:
@@ -620,7 +658,7 @@ def build_page(engine: Engine) -> gr.Blocks:
             with gr.Tab("Compare", id="compare-tab", elem_id="compare-section"):
                 k = compare_tab(description, default, description.default_hardware)
             with gr.Tab("Operator", id="operator-tab", elem_id="operator-tab"):
-                o = operator_tab(default, first_offer)
+                o = operator_tab(default, first_offer, locked=on.keys.operator_required)
         wire(page, on, c, r, k, o)
     return page
 
@@ -654,11 +692,14 @@ def wire(page: gr.Blocks, on: Handlers, c: SimpleNamespace, r: SimpleNamespace, 
     k.button.click(on.compare, [c.prompt, c.model, c.resolution, c.seed, *k.sides], [k.a, k.b, k.facts, k.json],
                    api_name="compare", concurrency_id="device")
     o.warm_button.click(on.warm_up, [o.warm_shapes, c.model, c.hardware, c.mode, o.placement, o.tp_size,
-                                     o.warm_batches], o.warm_result, api_name="warm_up", concurrency_id="device")
+                                     o.warm_batches, o.unlocked], o.warm_result, api_name="warm_up",
+                        concurrency_id="device")
     drawn = gr.State(None)  # the chart's points as this page last drew them
     panels = [o.shapes, o.replicas, o.chart, o.startup, drawn]
-    gr.Timer(2.0).tick(on.refresh_status, drawn, panels, **private)
-    page.load(on.refresh_status, drawn, panels, **private)
+    gr.Timer(2.0).tick(on.refresh_status, [drawn, o.unlocked], panels, **private)
+    page.load(on.refresh_status, [drawn, o.unlocked], panels, **private)
+    gr.on([o.unlock.click, o.key.submit], on.unlock, o.key, [o.unlocked, o.lock, o.panels, o.key, o.lock_note],
+         **private)
 
     c.dice.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, **private)
     c.model.change(on.on_model, [c.model, c.hardware, o.placement],

@@ -4,9 +4,9 @@ OpenAI-compatible Images API (/v1) and, when asked for, the MCP server (/gradio_
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
+from collections.abc import Callable
 
 import gradio as gr
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -19,6 +19,7 @@ from ..engine import Engine, as_json, parse_resolution
 from ..errors import InvalidRequest
 from ..records import Shape
 from .image_store import ImageStore
+from .keys import VISITOR, Caller, Keys, Refused
 from .mcp_tools import MCP_PATH, TOOLS_MOUNT, tools_blocks
 from .openai_api import openai_http_error, openai_router
 from .page import CSS, build_page
@@ -62,42 +63,66 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     return user, password
 
 
-NEEDS_TOKEN = "this route needs Authorization: Bearer <ACCELDEMO_API_TOKEN>"
-
-
-def bearer_ok(token: str | None, given: str) -> bool:
-    """Whether an Authorization header's value lets a request in: any without a token configured, else `Bearer
-    <token>` exactly (compared in constant time)."""
-    return token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-
-def bearer_guard(token: str | None):
-    """A dependency that asks for `Authorization: Bearer <token>` when a token is configured."""
+def guard(keys: Keys, count: Callable, door: str, operator: bool = False):
+    """A dependency that lets in whom the keys let through this door (a client key; the operator key for operator
+    actions), counted by client; 401 or 403 otherwise."""
     def check(request: Request) -> None:
-        if not bearer_ok(token, request.headers.get("authorization", "")):
-            raise HTTPException(401, NEEDS_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+        try:
+            caller = (keys.operator_door if operator else keys.client_door)(request.headers.get("authorization"))
+        except Refused as refused:
+            count(door, refused.caller, refused=True)
+            raise HTTPException(refused.status, refused.message,
+                                headers={"WWW-Authenticate": "Bearer"} if refused.status == 401 else None) from None
+        count(door, caller)
+        request.state.caller = caller
     return check
 
 
-class McpDoor:
-    """ASGI middleware in front of the MCP server: /gradio_api/mcp/ (and the paths below it) answered by the tools'
-    own Gradio app mounted at TOOLS_MOUNT, and both behind the bearer token when ACCELDEMO_API_TOKEN is set, as /v1
-    is."""
+# The routes FastAPI answers itself, each guarded by its own dependency (or open: /health, /ready).
+OWN_ROUTES = ("/v1", "/status", "/metrics", "/health", "/ready")
+# The Gradio API's routes that run an event (the others serve the page, its files and its config).
+GRADIO_CALLS = ("/gradio_api/queue/join", "/gradio_api/call/", "/gradio_api/run/")
 
-    def __init__(self, app, token: str | None):
-        self.app, self.token = app, token
+
+class KeyDoor:
+    """ASGI middleware for the doors FastAPI's dependencies do not reach: the MCP server (/gradio_api/mcp/, answered
+    by the tools' own Gradio app mounted at TOOLS_MOUNT), which needs a client key when keys are set, as /v1 does; and
+    the Gradio API, where a request that carries a key must carry a valid one (a browser on the page carries none: it
+    is a visitor, as on the page). Both counted by client in /metrics."""
+
+    def __init__(self, app, keys: Keys, count: Callable):
+        self.app, self.keys, self.count = app, keys, count
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope.get("path", "")
-        aliased = _under(path, MCP_PATH)
-        if scope["type"] != "http" or not (aliased or _under(path, TOOLS_MOUNT)):
+        if scope["type"] != "http" or any(_under(path, route) for route in OWN_ROUTES):
             return await self.app(scope, receive, send)
-        if not bearer_ok(self.token, Headers(scope=scope).get("authorization", "")):
-            answer = JSONResponse({"detail": NEEDS_TOKEN}, 401, headers={"WWW-Authenticate": "Bearer"})
+        aliased = _under(path, MCP_PATH)
+        door = "mcp" if aliased or _under(path, TOOLS_MOUNT) else "gradio"
+        authorization = Headers(scope=scope).get("authorization")
+        try:
+            caller = (self.keys.client_door(authorization) if door == "mcp" else
+                      self.keys.caller(authorization) or Caller(VISITOR, not self.keys.operator_required))
+        except Refused as refused:
+            self.count(door, refused.caller, refused=True)
+            answer = JSONResponse({"detail": refused.message}, refused.status,
+                                  headers={"WWW-Authenticate": "Bearer"} if refused.status == 401 else None)
             return await answer(scope, receive, send)
+        if door == "mcp" or (scope.get("method") == "POST" and path.startswith(GRADIO_CALLS)):
+            self.count(door, caller)
+        scope = {**scope, "state": {**scope.get("state", {}), "caller": caller}}
         if aliased:
             scope = {**scope, "path": TOOLS_MOUNT + path, "raw_path": (TOOLS_MOUNT + path).encode()}
         await self.app(scope, receive, send)
+
+
+def counter(engine: Engine) -> Callable:
+    """count(door, caller, refused=False): /metrics' requests at each door by client name (a key's name, `visitor`,
+    or `unauthenticated` for a missing or wrong key: never the key, nor anything a caller types)."""
+    def count(door: str, caller: Caller | None, refused: bool = False) -> None:
+        client = "unauthenticated" if caller is None else caller.client
+        engine.stats.clients.labels(door, client, "refused" if caller is None or refused else "admitted").inc()
+    return count
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -105,15 +130,17 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = None,
-               auth: tuple[str, str] | None = None, api_token: str | None = None, mcp: bool = False) -> FastAPI:
+               auth: tuple[str, str] | None = None, keys: Keys | None = None, mcp: bool = False) -> FastAPI:
     """The whole HTTP surface; start-up warm-up runs in the background and /ready says 200 once it is done
     (or has run past `warmup_timeout_s`). With `mcp`, also an MCP server at /gradio_api/mcp/ (streamable HTTP)
     offering the tools of `mcp_tools`.
 
-    `auth` protects the page and the Gradio API; `api_token` protects /status, /metrics, /v1 and the MCP server.
-    /health and /ready stay open for load balancers.
+    `auth` protects the page and the Gradio API with a login. `keys` (see keys.py): /v1 and the MCP server need a
+    client key, /status, /metrics and the page's operator actions the operator key; a Gradio API request that carries
+    a key must carry a valid one. /health and /ready stay open for load balancers.
     """
-    guarded = [Depends(bearer_guard(api_token))]
+    keys = keys or Keys()
+    count = counter(engine)
     # Images answered as URLs, in the app's private temporary folder (app.py makes it 0700 and removes it at exit).
     images = ImageStore(parent=os.environ.get("GRADIO_TEMP_DIR"))
 
@@ -138,23 +165,23 @@ def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = 
         return JSONResponse({"ready": startup.ready, "warmup": startup.shown},
                             status_code=200 if startup.ready else 503)
 
-    @app.get("/status", dependencies=guarded)
+    @app.get("/status", dependencies=[Depends(guard(keys, count, "status", operator=True))])
     def status() -> dict:
         return as_json(engine.snapshot())
 
-    @app.get("/metrics", dependencies=guarded)
+    @app.get("/metrics", dependencies=[Depends(guard(keys, count, "metrics", operator=True))])
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(engine.stats.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(openai_router(engine, images, guarded))
+    app.include_router(openai_router(engine, images, [Depends(guard(keys, count, "v1"))]))
     app.add_exception_handler(StarletteHTTPException, openai_http_error)
     if mcp:
         tools = tools_blocks(engine)
         gr.mount_gradio_app(app, tools, path=TOOLS_MOUNT, ssr_mode=False, mcp_server=True)
         if tools.mcp_error:  # Gradio serves on without its MCP server: asked for, its absence is an error
             raise RuntimeError(tools.mcp_error)
-        app.add_middleware(McpDoor, token=api_token)
-    page = build_page(engine)
+    app.add_middleware(KeyDoor, keys=keys, count=count)
+    page = build_page(engine, keys)
     # Gradio's queue is only the page's transport: it hands every job to the page's handler at once, which admits it
     # into the engine's line before anything waits (or shows the engine's refusal), so the line is the only place a
     # request waits and its limit holds for every front end.
