@@ -149,6 +149,12 @@ class Settings:
     # {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}; credentials are best left to each library's own
     # variables and files (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN).
     artifacts_options: dict = field(default_factory=dict)
+    # A PEM (PKCS8) Ed25519 private key: every manifest this host publishes to the store is signed with it. A file of
+    # PEM Ed25519 public keys: with it, a package from the store loads only when signed by one of them (unsigned,
+    # badly signed and otherwise signed ones are refused and compiled here). Read and checked at start-up by
+    # executors/signing.py; None: manifests unsigned, and any package loads on its checksum (a warning says so).
+    artifacts_signing_key: Path | None = None
+    artifacts_trust: Path | None = None
     # LoRA styles: <dir>/<model>/<name>.safetensors (as diffusers/PEFT save them, or a format diffusers' loaders
     # convert), offered beside the styles a model ships with; None: only those.
     lora_dir: Path | None = None
@@ -205,6 +211,9 @@ class Settings:
             ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
             artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),
             artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),
+            artifacts_signing_key=Path(text("ACCELDEMO_ARTIFACTS_SIGNING_KEY"))
+            if text("ACCELDEMO_ARTIFACTS_SIGNING_KEY") else None,
+            artifacts_trust=Path(text("ACCELDEMO_ARTIFACTS_TRUST")) if text("ACCELDEMO_ARTIFACTS_TRUST") else None,
             lora_dir=Path(text("ACCELDEMO_LORA_DIR")) if text("ACCELDEMO_LORA_DIR") else None,
             result_cache=bounded("ACCELDEMO_RESULT_CACHE", 32 if text("SPACE_ID") else 0, 0, 10_000, int),
             download=switch("ACCELDEMO_DOWNLOAD", bool(text("SPACE_ID")) and not text("HF_HUB_OFFLINE")),
@@ -221,7 +230,7 @@ class Settings:
     @staticmethod
     def from_json(text: str) -> Settings:
         values = json.loads(text)
-        paths = {"cache_dir", "model_dir", "lora_dir"}
+        paths = {"cache_dir", "model_dir", "lora_dir", "artifacts_signing_key", "artifacts_trust"}
         return Settings(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
 
 

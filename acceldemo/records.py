@@ -3,6 +3,7 @@ ends give them and as the engine checked them, progress events and results."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -622,6 +623,9 @@ class GenerateResult:
     weight_bytes: int = 0
     # Answered from the exact-result cache (ACCELDEMO_RESULT_CACHE): the images an identical request drew before.
     from_cache: bool = False
+    # What happened to precompiled packages in its call (RunOutput.package_events: built, loaded, fetched, rejected,
+    # and each refusal of the shared store's by its reason, e.g. bad_signature).
+    package_events: dict[str, int] = field(default_factory=dict)
 
     @property
     def image(self):
@@ -645,7 +649,8 @@ class GenerateResult:
             unknown_words=first.unknown_words, note=first.note, parts=tuple(parts), node=first.node,
             batch=max(p.batch for p in parts), call=first.call, cache=first.cache,
             denoise_seconds=first.denoise_seconds, weight_bytes=first.weight_bytes,
-            from_cache=all(p.from_cache for p in parts))
+            from_cache=all(p.from_cache for p in parts),
+            package_events=dict(sum((Counter(p.package_events) for p in calls), Counter())))
 
     def facts(self, image: int = 0) -> dict[str, Any]:
         """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
@@ -671,5 +676,5 @@ class GenerateResult:
                            **(self.cache or CacheUse(str(r.step_cache) if r.step_cache else None, 0, 0)).facts()},
             "quantization": str(r.quantization), "weight_bytes": self.weight_bytes,
             "denoise_seconds": None if self.denoise_seconds is None else round(self.denoise_seconds, 4),
-            "from_cache": self.from_cache,
+            "from_cache": self.from_cache, "packages": dict(self.package_events),
         }

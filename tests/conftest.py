@@ -23,7 +23,7 @@ from acceldemo.hardware import prepare_process  # noqa: E402
 # As the app's entry points do, once, before torch loads: compiler caches into the test cache dir.
 prepare_process(Settings.from_env())
 
-from tests.engines import free_port, new_manager, wait_until_answers  # noqa: E402
+from tests.engines import free_port, new_manager, s3_server, wait_until_answers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +82,25 @@ def server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
         raise
+
+
+# The shared artifact store on a real S3 protocol (moto's server on loopback): tests/test_store.py and
+# tests/test_signed_artifacts.py.
+@pytest.fixture(scope="module")
+def aws_credentials():
+    """moto accepts any credentials; boto needs some to sign with. Set for the module, then put back."""
+    wanted = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def s3(aws_credentials):
+    with s3_server() as (_, options):
+        yield options

@@ -1,6 +1,7 @@
 """How tests build an engine (as the app does, with its executor chosen outside it) and serve it."""
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -112,3 +113,26 @@ def processes_started_by(app_pid: int) -> list[int]:
         except OSError:
             pass
     return found
+
+
+@contextlib.contextmanager
+def s3_server():
+    """moto's real S3 server on a free loopback port, with a bucket; yields (endpoint, fsspec options)."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    # One attempt and a short connect timeout: an outage shows at once instead of after botocore's retries.
+    options = {"client_kwargs": {"endpoint_url": endpoint},
+               "config_kwargs": {"connect_timeout": 2, "retries": {"max_attempts": 1}}}
+    import s3fs
+
+    # moto's backends live in this process: a second server sees the first one's bucket.
+    s3fs.S3FileSystem(skip_instance_cache=True, **options).makedirs("fleet", exist_ok=True)
+    try:
+        yield server, options
+    finally:
+        server.stop()

@@ -23,56 +23,13 @@ from acceldemo.config import Settings
 from acceldemo.executors.artifacts import ArtifactStore
 from acceldemo.executors.remote import MANIFEST, FetchOutcome, RemoteArtifacts
 from acceldemo.records import GenerateParams
-from tests.engines import new_manager, serving
+from tests.engines import new_manager, s3_server, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = "64x64"
 # The app's default model (the embedded trained one), in the mode whose packages the store carries on CPU.
 REQUEST = dict(prompt="a red circle", model="tiny-shapes", hardware="cpu", mode="compiled", resolution=SHAPE,
                steps=2, seed=1)
-
-
-@contextlib.contextmanager
-def s3_server():
-    """moto's real S3 server on a free loopback port, with a bucket; yields (endpoint, fsspec options)."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    # One attempt and a short connect timeout: an outage shows at once instead of after botocore's retries.
-    options = {"client_kwargs": {"endpoint_url": endpoint},
-               "config_kwargs": {"connect_timeout": 2, "retries": {"max_attempts": 1}}}
-    import s3fs
-
-    # moto's backends live in this process: a second server sees the first one's bucket.
-    s3fs.S3FileSystem(skip_instance_cache=True, **options).makedirs("fleet", exist_ok=True)
-    try:
-        yield server, options
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def aws_credentials():
-    """moto accepts any credentials; boto needs some to sign with. Set for the module, then put back."""
-    wanted = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    before = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    yield
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-@pytest.fixture(scope="module")
-def s3(aws_credentials):
-    with s3_server() as (_, options):
-        yield options
 
 
 def host(tmp: Path, url: str | None = None, options: dict | None = None, **overrides):

@@ -8,18 +8,20 @@ from pathlib import Path
 from ..config import Settings
 from .common import artifacts_arg
 
-HELP = ("list the precompiled packages here and in the shared artifact store; --verify checks the store's checksums, "
-        "--prune removes what is unusable")
+HELP = ("list the precompiled packages here and in the shared artifact store, with who signed each; --verify checks "
+        "the store's checksums and signatures, --prune removes what is unusable")
 
 
 def add_parser(commands) -> None:
     cache = commands.add_parser("cache", help=HELP, description=HELP)
     cache.add_argument("--verify", action="store_true",
-                       help="download every artifact of the shared store and check it against its manifest")
+                       help="download every artifact of the shared store and check it against its manifest, and "
+                            "the manifest's signature against ACCELDEMO_ARTIFACTS_TRUST")
     cache.add_argument("--prune", action="store_true",
                        help="delete local packages built by another torch/CPU/GPU toolchain and leftovers of killed "
                             "builds; in the shared store, manifests whose object is missing, objects no manifest "
-                            "names (older than --grace) and, with --verify, artifacts that fail their checksum")
+                            "names (older than --grace) and, with --verify, artifacts that fail their checksum or "
+                            "signature")
     cache.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
                        help="age under which an object without a manifest is left alone: an upload may be in flight "
                             "(default 3600)")
@@ -54,9 +56,10 @@ def cmd_cache(args, settings: Settings) -> int:
     for entry in shared["artifacts"]:
         about = entry.get("about") or {}
         state = entry.get("problem") or ("verified" if args.verify else "")
+        signature = (entry.get("signature_state") or {}).get("text", "")
         print(f"  {about.get('model', entry['name']):<17} {about.get('hardware', ''):<5} "
               f"{about.get('shape', ''):<9} {(entry.get('bytes') or 0) / 2**20:>7.2f} MB  "
-              f"{about.get('toolchain', '')}  {state}".rstrip())
+              f"{about.get('toolchain', '')}  {state}  {signature}".rstrip())
     for path in shared["removed"]:
         print(f"  removed {path}")
     return 0

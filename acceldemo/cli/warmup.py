@@ -18,7 +18,8 @@ def add_parser(commands) -> None:
     warmup.add_argument("--json", action="store_true", help="one JSON line per shape and batch on stdout")
     warmup.add_argument("--push", action="store_true",
                         help="publish the compiled packages to the shared artifact store (--artifacts), also those "
-                             "that were already in the local cache, so serving hosts never compile them")
+                             "that were already in the local cache, so serving hosts never compile them (signed with "
+                             "ACCELDEMO_ARTIFACTS_SIGNING_KEY when set)")
     artifacts_arg(warmup)
     download_arg(warmup)
 

@@ -15,6 +15,7 @@ from prometheus_client import Gauge
 from ..config import MAX_BATCH, Settings
 from ..errors import AcceldemoError, GenerationFailed, InvalidRequest, UnknownName, describe_error
 from ..executors.artifacts import EVENTS, ArtifactStore
+from ..executors.remote import NO_TRUST, shown_url
 from ..hardware import HardwareRegistry
 from ..models.catalog import CATALOG, component_bytes_at, get_model, step_cache_views
 from ..models.loading import model_availability
@@ -87,6 +88,14 @@ class Engine:
             # 1 while the shared store answers, 0 during an outage (the app compiles locally meanwhile).
             Gauge("acceldemo_artifact_store_up", "Whether the shared artifact store answers (ACCELDEMO_ARTIFACTS)",
                   registry=registry).set_function(lambda: float(self.artifacts.remote.problem is None))
+            # Packages the store offered and this host refused, by reason (checksum, incomplete, unsigned,
+            # bad_signature, untrusted_key), since start.
+            rejections = Gauge("acceldemo_artifact_rejections", "Shared-store packages refused, by reason",
+                               ("reason",), registry=registry)
+            for reason in self.artifacts.rejections():
+                rejections.labels(reason).set_function(lambda reason=reason: self.artifacts.rejections()[reason])
+            if self.artifacts.remote.trust is None:
+                log.warning("artifact store %s: %s", shown_url(self.artifacts.remote.url), NO_TRUST)
             # Asked once at start, in the background, so an unreachable store shows before the first compile.
             threading.Thread(target=self.artifacts.remote.check, name="artifact-store-check", daemon=True).start()
 

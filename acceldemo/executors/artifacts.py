@@ -11,6 +11,8 @@ ACCELDEMO_PRECOMPILE=off; Neuron and TPU keep their own persistent caches (NEFF,
 
 With a shared store (ACCELDEMO_ARTIFACTS, see `remote`), a local miss is looked up there before compiling, and
 every package built here is published there: a fresh host's first visit to a shape built elsewhere is a download.
+Published manifests are signed with ACCELDEMO_ARTIFACTS_SIGNING_KEY, and with ACCELDEMO_ARTIFACTS_TRUST set only
+packages signed by a listed key are loaded (see `signing`).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..records import Phase
-from .remote import STORE_EVENTS, FetchOutcome, RemoteArtifacts
+from .remote import STORE_EVENTS, Fetched, FetchOutcome, Refusal, RemoteArtifacts
+from .signing import Signer, Trust
 
 log = logging.getLogger("acceldemo.artifacts")
 
@@ -36,6 +39,9 @@ log = logging.getLogger("acceldemo.artifacts")
 # short, or a store's object failing its checksum), fetched from the shared store, published to it, or a store
 # operation that failed (the store unreachable).
 EVENTS = ("built", "loaded", "rejected", *STORE_EVENTS)
+# What a call's package events carry: EVENTS, and each store refusal by its reason (`Refusal`: checksum, incomplete,
+# unsigned, bad_signature, untrusted_key), which /metrics counts and the request's facts show.
+COUNTED = (*EVENTS, *Refusal)
 
 
 class ArtifactStore:
@@ -50,7 +56,7 @@ class ArtifactStore:
     def record(self, events: dict[str, int], store_problem: str | None = None) -> None:
         """Add one call's package events (built, loaded, rejected, fetched, published, store_failed), wherever the call
         ran; and, when the call used the shared store, what it found of it (`store_problem`, None: it answered)."""
-        self.events.update({event: count for event, count in events.items() if event in EVENTS})
+        self.events.update({event: count for event, count in events.items() if event in COUNTED})
         if self.remote is not None and any(events.get(event) for event in STORE_EVENTS):
             self.remote.note(store_problem)
 
@@ -59,24 +65,33 @@ class ArtifactStore:
         counts only, no disk access."""
         return {event: self.events[event] for event in EVENTS}
 
+    def rejections(self) -> dict[str, int]:
+        """The shared store's refusals since start, by reason (every `Refusal`, 0 included)."""
+        return {str(reason): self.events[reason] for reason in Refusal}
+
     @classmethod
     def of(cls, settings) -> ArtifactStore:
-        """The app's store, in its persistent cache dir, with the shared store behind it when one is set."""
-        remote = RemoteArtifacts.shared(settings.artifacts, settings.artifacts_options) if settings.artifacts else None
+        """The app's store, in its persistent cache dir, with the shared store behind it when one is set, signing
+        and checking as set. A signing key or trust file that cannot be used is refused here, at start-up, with a
+        ValueError naming the setting (also without a store: a typo shows before the store is added)."""
+        signer = Signer.from_file(settings.artifacts_signing_key) if settings.artifacts_signing_key else None
+        trust = Trust.from_file(settings.artifacts_trust) if settings.artifacts_trust else None
+        remote = RemoteArtifacts.shared(settings.artifacts, settings.artifacts_options, signer, trust) \
+            if settings.artifacts else None
         return cls(settings.cache_dir / "aoti", remote)
 
     def remote_name(self, path: Path) -> str:
         """A local package's name in the shared store: the same key, under `aoti/`."""
         return f"aoti/{path.relative_to(self.root).with_suffix('').as_posix()}"
 
-    def fetch(self, path: Path) -> FetchOutcome | None:
+    def fetch(self, path: Path) -> Fetched | None:
         """Bring a package this folder lacks from the shared store, verified, with its JSON; None without a store."""
         if self.remote is None:
             return None
         fetched = self.remote.fetch(self.remote_name(path), path)
         if fetched.outcome is FetchOutcome.HIT:
             path.with_suffix(".json").write_text(json.dumps(fetched.about, indent=1, sort_keys=True))
-        return fetched.outcome
+        return fetched
 
     def publish(self, path: Path) -> bool:
         """Put a local package (and its JSON's facts) in the shared store; False without one or when it fails."""
@@ -86,16 +101,14 @@ class ArtifactStore:
         return self.remote.publish(self.remote_name(path), path, about, suffix=".pt2")
 
     def push(self, keep: Callable[[dict], bool] = lambda entry: True) -> list[str]:
-        """Publish the local packages (those `keep` accepts) the shared store lacks or holds with other bytes; returns
-        their paths."""
-        from .remote import sha256_of
-
+        """Publish the local packages (those `keep` accepts) the shared store lacks, holds with other bytes, or holds
+        unsigned by this host's signing key; returns their paths."""
         pushed = []
         for entry in self.packages():
             path = Path(entry["path"])
             if "toolchain" not in entry or not keep(entry):
                 continue
-            if self.remote.published_sha256(self.remote_name(path)) != sha256_of(path) and self.publish(path):
+            if not self.remote.holds(self.remote_name(path), path) and self.publish(path):
                 pushed.append(str(path))
         return pushed
 
@@ -199,7 +212,7 @@ class ArtifactStore:
         if self.remote is None:
             return None
         return {**self.remote.report(), **{event: self.events[event] for event in STORE_EVENTS},
-                "rejected": self.events["rejected"]}
+                "rejected": self.events["rejected"], "rejections": self.rejections()}
 
 
 def _empty_dict(value) -> bool:
@@ -325,16 +338,21 @@ class PrecompiledTransformer:
 
     def _fetch(self, path: Path) -> bool:
         """Whether the shared store had this package (verified, now in the local folder). A refused one (checksum
-        mismatch, upload cut short) counts as rejected; a store that cannot be reached, as store_failed."""
+        mismatch, upload cut short, a signature this host does not accept) counts as rejected and by its reason; a
+        store that cannot be reached, as store_failed."""
         if self.store.remote is None:
             return False
         self.notify(Phase.LOAD, f"looking for {self.label}'s precompiled transformer in the shared artifact store")
-        outcome = self.store.fetch(path)
+        fetched = self.store.fetch(path)
         event = {FetchOutcome.HIT: "fetched", FetchOutcome.REJECTED: "rejected",
-                 FetchOutcome.UNAVAILABLE: "store_failed"}.get(outcome)
+                 FetchOutcome.UNAVAILABLE: "store_failed"}.get(fetched.outcome)
         if event:
             self.events[event] += 1
-        return outcome is FetchOutcome.HIT
+        if fetched.reason is not None:
+            self.events[fetched.reason] += 1
+            self.notify(Phase.COMPILE, f"the shared store's package for {self.label} was refused ({fetched.why}); "
+                                       "compiling it here")
+        return fetched.outcome is FetchOutcome.HIT
 
     def _load(self, path: Path) -> Callable | None:
         self.notify(Phase.LOAD, f"loading the precompiled transformer for {self.label} ({path.name})")

@@ -13,7 +13,7 @@ from ..hardware import Hardware
 from ..models.catalog import ModelSpec
 from ..models.weights import weight_bytes
 from ..records import Batch, Mode, Phase, Placement, Progress, ProgressCallback, Quantization, Request, RunOutput
-from .artifacts import EVENTS, ArtifactStore, PrecompiledTransformer
+from .artifacts import COUNTED, ArtifactStore, PrecompiledTransformer
 from .edits import EditCall
 from .prepared import PreparedPipeline
 from .previews import PreviewMaker
@@ -180,7 +180,7 @@ class _CompileMeter:
         self.graphs = graphs - self._start[0] + events["built"]
         self.seconds = seconds - self._start[1] + events["build_seconds"]
         self.cache_hits = hits - self._start[2] + events["loaded"]
-        self.package_events = {event: events[event] for event in EVENTS if events[event]}
+        self.package_events = {str(event): events[event] for event in COUNTED if events[event]}
         if any(events[event] for event in STORE_EVENTS):  # what the call found of the shared store, for its owner
             self.store_problem = self.precompiled.store.remote.problem
 

@@ -4,7 +4,9 @@ s3://, gs://, hf://), each artifact published with a checksummed manifest, writt
 Layout under the URL, for an artifact called NAME (e.g. `aoti/tiny-shapes/cpu/<key digest>`):
   NAME.<sha256[:16]><suffix>   the artifact's bytes, named by their checksum, so two hosts publishing one NAME at once
                                never write the same object with different bytes;
-  NAME.manifest.json           {"sha256", "bytes", "object", "about", ...}: what a reader verifies before it loads.
+  NAME.manifest.json           {"name", "sha256", "bytes", "object", "about", ...}: what a reader verifies before it
+                               loads; signed by the publisher's key when it has one (`signing`: "signature",
+                               "signed_by"), and with a trust file set nothing unsigned or signed by another key loads.
 A reader takes the manifest first and refuses what does not match it; the manifest is written only once its object
 is complete, so an object without a manifest is an upload cut short (or still in flight) and is refused too.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..config import store_url
+from .signing import SignatureState, Signer, Trust, check
 
 log = logging.getLogger("acceldemo.artifacts")
 
@@ -37,6 +40,10 @@ RETRY_AFTER_S = 60.0
 # Packages for the store's protocols that are not installed with the app (fsspec itself comes with huggingface_hub).
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 STORE_EVENTS = ("fetched", "published", "store_failed")
+# Said at start-up and shown in /status while a remote store is read without a trust file.
+NO_TRUST = ("ACCELDEMO_ARTIFACTS_TRUST is not set: packages from the shared store (native code) are loaded on a "
+            "checksum kept in the same store, so whoever can write the store can run code on this host; see "
+            "docs/fleet.md, Signed packages")
 
 
 class FetchOutcome(StrEnum):
@@ -49,11 +56,23 @@ class FetchOutcome(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+class Refusal(StrEnum):
+    """Why a fetched artifact was refused: its bytes differ from its manifest (checksum), a publication is cut short
+    (incomplete), or, with a trust file set, its manifest is unsigned, badly signed or signed by an unlisted key."""
+
+    CHECKSUM = "checksum"
+    INCOMPLETE = "incomplete"
+    UNSIGNED = SignatureState.UNSIGNED.value
+    BAD_SIGNATURE = SignatureState.BAD_SIGNATURE.value
+    UNTRUSTED_KEY = SignatureState.UNTRUSTED_KEY.value
+
+
 @dataclass(frozen=True)
 class Fetched:
     outcome: FetchOutcome
     about: dict | None = None
     why: str = ""
+    reason: Refusal | None = None
 
 
 def shown_url(url: str) -> str:
@@ -84,9 +103,13 @@ class RemoteArtifacts:
     _shared: dict[str, RemoteArtifacts] = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, url: str, options: dict | None = None):
+    def __init__(self, url: str, options: dict | None = None, signer: Signer | None = None,
+                 trust: Trust | None = None):
         self.url = store_url(url) or ""
         self.options = dict(options or {})
+        # Signs what this process publishes; None: its manifests go unsigned. Checks what it fetches; None: any
+        # signature or none (the start-up warning and /status say so).
+        self.signer, self.trust = signer, trust
         self.events: Counter = Counter()
         self.problem: str | None = None
         self.problem_since: float | None = None
@@ -96,12 +119,14 @@ class RemoteArtifacts:
         self._lock = threading.Lock()
 
     @classmethod
-    def shared(cls, url: str, options: dict | None = None) -> RemoteArtifacts:
+    def shared(cls, url: str, options: dict | None = None, signer: Signer | None = None,
+               trust: Trust | None = None) -> RemoteArtifacts:
         """The process's one client of a store (the engine and its in-process executor see the same outage)."""
-        key = json.dumps([url, options or {}], sort_keys=True, default=str)
+        key = json.dumps([url, options or {}, signer and signer.key_id, trust and trust.key_ids], sort_keys=True,
+                         default=str)
         with cls._shared_lock:
             if key not in cls._shared:
-                cls._shared[key] = cls(url, options)
+                cls._shared[key] = cls(url, options, signer, trust)
             return cls._shared[key]
 
     # --- reaching the store -----------------------------------------------------------------------------------------
@@ -181,24 +206,31 @@ class RemoteArtifacts:
                 manifest = json.loads(fs.cat_file(self._path(name + MANIFEST)))
             except FileNotFoundError:
                 if self._objects_of(name):
-                    return self._refused(name, "an object without its manifest (an upload cut short, or in flight)")
+                    return self._refused(name, Refusal.INCOMPLETE, "an object without its manifest (an upload cut "
+                                                                   "short, or in flight)")
                 self.reached()
                 return Fetched(FetchOutcome.MISS)
             except ValueError:
-                return self._refused(name, "a manifest that is not JSON (cut short)")
+                return self._refused(name, Refusal.INCOMPLETE, "a manifest that is not JSON (cut short)")
             if not isinstance(manifest, dict) or not {"object", "sha256", "bytes"} <= set(manifest):
-                return self._refused(name, "a manifest without object, sha256 and bytes")
+                return self._refused(name, Refusal.INCOMPLETE, "a manifest without object, sha256 and bytes")
+            if self.trust is not None:  # before any byte of the object is downloaded
+                verdict = check(name, manifest, self.trust)
+                if verdict.state is not SignatureState.TRUSTED:
+                    return self._refused(name, Refusal(verdict.state), verdict.why)
             partial = target.with_name(f".fetch-{os.getpid()}-{threading.get_ident()}-{target.name}")
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 try:
                     fs.get_file(self._path(manifest["object"]), str(partial))
                 except FileNotFoundError:
-                    return self._refused(name, f"a manifest whose object {manifest['object']} is missing")
+                    return self._refused(name, Refusal.INCOMPLETE,
+                                         f"a manifest whose object {manifest['object']} is missing")
                 size, digest = partial.stat().st_size, sha256_of(partial)
                 if (size, digest) != (manifest["bytes"], manifest["sha256"]):
-                    return self._refused(name, f"{manifest['object']}: {size} bytes with sha256 {digest[:16]}…, its "
-                                               f"manifest says {manifest['bytes']} bytes, {manifest['sha256'][:16]}…")
+                    return self._refused(name, Refusal.CHECKSUM,
+                                         f"{manifest['object']}: {size} bytes with sha256 {digest[:16]}…, its "
+                                         f"manifest says {manifest['bytes']} bytes, {manifest['sha256'][:16]}…")
                 os.replace(partial, target)
             finally:
                 partial.unlink(missing_ok=True)
@@ -209,11 +241,13 @@ class RemoteArtifacts:
         self.events["fetched"] += 1
         return Fetched(FetchOutcome.HIT, manifest.get("about") or {})
 
-    def _refused(self, name: str, why: str) -> Fetched:
-        log.warning("artifact store %s: refused %s: %s; compiling it here", shown_url(self.url), name, why)
+    def _refused(self, name: str, reason: Refusal, why: str) -> Fetched:
+        log.warning("artifact store %s: refused %s (%s): %s; compiling it here", shown_url(self.url), name, reason,
+                    why)
         self.reached()
         self.events["rejected"] += 1
-        return Fetched(FetchOutcome.REJECTED, why=why)
+        self.events[reason] += 1
+        return Fetched(FetchOutcome.REJECTED, why=f"{reason}: {why}", reason=reason)
 
     def _objects_of(self, name: str) -> list[str]:
         """NAME's objects in the store (whatever their checksum), manifests aside."""
@@ -240,8 +274,10 @@ class RemoteArtifacts:
             local = "file" in _protocols(fs)
             if local:
                 fs.makedirs(parent, exist_ok=True)
-            manifest = {"object": obj, "sha256": digest, "bytes": size, "about": about,
+            manifest = {"name": name, "object": obj, "sha256": digest, "bytes": size, "about": about,
                         "published_by": socket.gethostname(), "published_at": time.time()}
+            if self.signer is not None:
+                manifest |= self.signer.sign(name, manifest)
             text = json.dumps(manifest, indent=1, sort_keys=True).encode()
             if local:  # a file opened for writing is seen half-written: write beside it, then rename over it
                 aside = f"{parent}/.{uuid.uuid4().hex}.part"  # a dot name: no listing takes it for an artifact
@@ -260,18 +296,22 @@ class RemoteArtifacts:
         log.info("published %s to %s (%.1f MB)", name, shown_url(self.url), size / 2**20)
         return True
 
-    def published_sha256(self, name: str) -> str | None:
-        """The checksum NAME's manifest holds, or None (no manifest, or the store cannot say)."""
+    def holds(self, name: str, source: Path) -> bool:
+        """Whether the store has `source`'s bytes as NAME, signed by this process's key when it has one (so a push
+        signs what was published unsigned or by another key); False too when the store cannot say."""
         if not self.available():
-            return None
+            return False
         try:
             fs, _ = self.filesystem()
-            return json.loads(fs.cat_file(self._path(name + MANIFEST))).get("sha256")
+            manifest = json.loads(fs.cat_file(self._path(name + MANIFEST)))
         except FileNotFoundError:
-            return None
+            return False
         except Exception as error:
             self.failed(error, f"reading {name}'s manifest")
-            return None
+            return False
+        if not isinstance(manifest, dict) or manifest.get("sha256") != sha256_of(source):
+            return False
+        return self.signer is None or manifest.get("signed_by") == self.signer.key_id
 
     # --- the whole store (the `cache` command) ----------------------------------------------------------------------
 
@@ -291,7 +331,8 @@ class RemoteArtifacts:
             try:
                 manifest = json.loads(fs.cat_file(path))
                 named.add(manifest["object"])
-                listed.append({"name": name, **manifest, "present": f"{root}/{manifest['object']}" in found})
+                listed.append({**manifest, "name": name, "present": f"{root}/{manifest['object']}" in found,
+                               "signature_state": check(name, manifest, self.trust).facts()})
             except (ValueError, KeyError, TypeError):
                 listed.append({"name": name, "object": None, "present": False, "broken": "manifest is not valid"})
         for path, info in sorted(found.items()):
@@ -302,10 +343,14 @@ class RemoteArtifacts:
         return listed
 
     def verify(self, entry: dict, scratch: Path) -> str | None:
-        """Why a listed artifact cannot be loaded (its object missing, or bytes differing from its manifest), or None
-        when it verifies: its object is downloaded into `scratch` and checksummed."""
+        """Why a listed artifact cannot be loaded (a bad signature, its object missing, or bytes differing from its
+        manifest), or None when it verifies: its object is downloaded into `scratch` and checksummed. A manifest
+        unsigned or signed by a key this host does not trust is no problem of the artifact (another host may trust
+        it): its `signature_state` says so."""
         if entry.get("orphan") or entry.get("broken"):
             return entry.get("broken") or "an object without a manifest"
+        if entry["signature_state"]["state"] == SignatureState.BAD_SIGNATURE:
+            return f"bad signature: {entry['signature_state']['why']}"
         if not entry["present"]:
             return f"its object {entry['object']} is missing"
         fs, root = self.filesystem()
@@ -361,15 +406,19 @@ class RemoteArtifacts:
             name = f"{under}/{path.relative_to(folder).as_posix()}"
             if not self.available():
                 break
-            if self.published_sha256(name) != sha256_of(path) and self.publish(name, path, {"file": path.name}):
+            if not self.holds(name, path) and self.publish(name, path, {"file": path.name}):
                 went += 1
         return went
 
     def report(self) -> dict:
-        """The store as /status shows it: where, whether it answers, since when it does not, what came and went."""
+        """The store as /status shows it: where, whether it answers, since when it does not, what came and went;
+        the key it signs with and the keys it trusts (None: none set, and `trust_warning` says what that means)."""
         return {"url": shown_url(self.url), "reachable": self.problem is None, "error": self.problem,
                 "since": self.problem_since, **{event: self.events[event] for event in ("fetched", "published",
-                                                                                          "rejected", "store_failed")}}
+                                                                                          "rejected", "store_failed")},
+                "rejections": {reason: self.events[reason] for reason in Refusal},
+                "signing_key": self.signer and self.signer.key_id, "trusted_keys": self.trust and self.trust.key_ids,
+                "trust_warning": None if self.trust is not None else NO_TRUST}
 
 
 def _protocols(fs) -> tuple[str, ...]:
