@@ -95,6 +95,9 @@ class Settings:
     device_wait_s: float = 600.0
     # Requests waiting in the engine's line (every front end's); one more is refused at once with QueueFull.
     queue_size: int = 64
+    # How many of one client's requests may wait at once (ACCELDEMO_CLIENT_QUEUE); None: a quarter of the line (at
+    # least 2), so one client's burst leaves room for three others (see `client_queue_limit`).
+    client_queue: int | None = None
     # Requests that share one pipeline call at most (same pipeline, shape, steps, guidance); None: what the model's
     # catalog entry and the device's memory allow; 1 turns batching off.
     max_batch: int | None = None
@@ -186,6 +189,7 @@ class Settings:
             precompile=choice("ACCELDEMO_PRECOMPILE", "auto", ("auto", "off")),
             device_wait_s=number("ACCELDEMO_DEVICE_WAIT_S", 600.0),
             queue_size=number("ACCELDEMO_QUEUE_SIZE", 64, int),
+            client_queue=bounded("ACCELDEMO_CLIENT_QUEUE", None, 1, 100_000, int),
             max_batch=bounded("ACCELDEMO_MAX_BATCH", None, 1, MAX_BATCH, int),
             batch_wait_ms=bounded("ACCELDEMO_BATCH_WAIT_MS", 0.0, 0, 10_000),
             pool_timeout_s=number("ACCELDEMO_POOL_TIMEOUT_S", 1800.0),
@@ -219,6 +223,13 @@ class Settings:
             download=switch("ACCELDEMO_DOWNLOAD", bool(text("SPACE_ID")) and not text("HF_HUB_OFFLINE")),
             mcp=switch("ACCELDEMO_MCP", False),
         )
+
+    @property
+    def client_queue_limit(self) -> int:
+        """One client's share of the line: ACCELDEMO_CLIENT_QUEUE, else a quarter of ACCELDEMO_QUEUE_SIZE but at
+        least 2 (a person may queue a second request behind the first); never more than the line."""
+        share = self.client_queue if self.client_queue is not None else max(2, self.queue_size // 4)
+        return max(0, min(share, self.queue_size))
 
     def replicas_of(self, hardware: str) -> int | None:
         """The operator's replica count for a hardware, or None to follow the placement proposal."""

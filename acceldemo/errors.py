@@ -77,6 +77,17 @@ class QueueFull(CapacityExceeded):
         return type(self), (self.waiting, self.limit, self.ahead, self.retry_after_s)
 
 
+class ClientQueueFull(QueueFull):
+    """This client already has as many requests waiting as one client may (ACCELDEMO_CLIENT_QUEUE), though the line
+    itself may have room: others get their turns; nothing was started."""
+
+    def __init__(self, waiting: int, limit: int, ahead: int = 0, retry_after_s: int | None = None):
+        self.waiting, self.limit, self.ahead, self.retry_after_s = waiting, limit, ahead, retry_after_s
+        when = f"in about {retry_after_s} s" if retry_after_s is not None else "in a moment"
+        CapacityExceeded.__init__(self, f"you already have {waiting} request(s) waiting for a device, as many as "
+                                  f"one client may (ACCELDEMO_CLIENT_QUEUE={limit}); try again {when}")
+
+
 class DeviceBusy(CapacityExceeded):
     """A request waited in line for its devices as long as the operator allows (ACCELDEMO_DEVICE_WAIT_S); nothing
     was started."""

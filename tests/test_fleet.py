@@ -17,7 +17,7 @@ from acceldemo.builder import build_engine
 from acceldemo.config import Settings
 from acceldemo.engine import ReplicaView
 from acceldemo.engine.stats import Outcome
-from acceldemo.errors import InvalidRequest, QueueFull, ReplicaLost
+from acceldemo.errors import ClientQueueFull, InvalidRequest, QueueFull, ReplicaLost
 from acceldemo.records import GenerateParams, Phase, Progress
 from tests.engines import new_manager
 
@@ -108,6 +108,19 @@ def test_images_run_on_the_fleet_with_their_node_and_are_counted_once(fleet_engi
     assert fleet.runs == 2
     assert engine.snapshot().counters.requests[Outcome.OK] == 1
     assert {view.node for view in engine.snapshot().replicas} == {"host0/node0", "host1/node1"}
+
+
+def test_on_a_fleet_one_clients_requests_in_flight_stop_at_the_replicas_plus_its_share(fleet_engine):
+    engine, fleet = fleet_engine(size=1, queue_size=8)  # a share of 2
+    fleet.hold.clear()
+    alice = [engine.submit(engine.check(_params(seed=i)), client="alice") for i in range(3)]  # 1 drawing, 2 waiting
+    with pytest.raises(ClientQueueFull) as refused:
+        engine.submit(engine.check(_params(seed=9)), client="alice")
+    assert "ACCELDEMO_CLIENT_QUEUE=2" in str(refused.value) and refused.value.retry_after_s >= 1
+    bob = engine.submit(engine.check(_params(seed=10)), client="bob")  # the line has room for another client
+    fleet.hold.set()
+    assert all(job.result(60).images[0].size == (64, 64) for job in (*alice, bob))
+    assert engine.submit(engine.check(_params(seed=11)), client="alice").result(60).images  # its share back
 
 
 def test_a_full_fleet_line_is_refused_with_a_retry_after(fleet_engine):

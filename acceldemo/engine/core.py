@@ -111,12 +111,13 @@ class Engine:
             raise
 
     def submit(self, request: Request, on_progress: ProgressCallback = no_progress,
-               cancelled: Callable[[], bool] = never) -> Job:
+               cancelled: Callable[[], bool] = never, client: str = "") -> Job:
         """Admit the request now — onto free replicas, or into the line — or refuse it at once (QueueFull with the
-        expected wait); then it runs in threads of its own. Its images (one per seed) are admitted together, all or
-        none, and may run side by side on several replicas, or be drawn in one call with each other and with other
-        requests that share the call's settings; the request's outcome is counted once, whatever it is."""
-        job = Job(request, cancelled)
+        expected wait; ClientQueueFull past `client`'s share of the line); then it runs in threads of its own. Its
+        images (one per seed) are admitted together, all or none, and may run side by side on several replicas, or be
+        drawn in one call with each other and with other requests that share the call's settings; the request's
+        outcome is counted once, whatever it is. `client`: who sent it (the line takes turns across clients)."""
+        job = Job(request, cancelled, client)
         started = time.perf_counter()
         if self.results.entries:
             found = self.results.find(request, time.perf_counter() - started)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..config import Settings
-from ..errors import InvalidRequest, QueueFull
+from ..errors import ClientQueueFull, InvalidRequest, QueueFull
 from ..hardware import HardwareRegistry
 from ..records import GenerateResult, ProgressCallback, Request, Shape, placement_label
 from .jobs import Job, Running, of_image, run_together
@@ -48,6 +48,8 @@ class FleetBackend:
         self.settings, self.hardware, self.fleet, self.stats = settings, hardware, fleet, stats
         # Images sent to the fleet and not yet answered, by hardware.
         self._in_fleet: dict[str, int] = {}
+        # And by client (Ray Serve orders them; each client's are capped at the replicas plus its share of the line).
+        self._by_client: dict[str, int] = {}
         self._latency: dict[tuple[str, Shape], float] = {}
         self._lock = threading.Lock()
 
@@ -88,8 +90,16 @@ class FleetBackend:
                                  f"a placement of at most {held} rank(s): each replica of this fleet holds {held} "
                                  f"{request.hardware} device(s)")
         capacity = self.fleet.capacity(request.hardware)
+        share = self.settings.client_queue_limit
         with self._lock:
             in_flight = self._in_fleet.get(request.hardware, 0)
+            own = self._by_client.get(job.client, 0)
+            if job.client and share < self.settings.queue_size and own + len(bodies) > capacity + share:
+                self.stats.count(kind, Outcome.REFUSED)
+                latency = self._latency.get((request.model, request.shape)) or 1.0
+                waiting = max(0, own - capacity)
+                raise ClientQueueFull(waiting, share, waiting,
+                                      max(1, math.ceil((waiting + 1) * latency / max(capacity, 1))))
             if in_flight + len(bodies) > capacity + self.settings.queue_size:
                 waiting = max(0, in_flight - capacity)
                 self.stats.count(kind, Outcome.REFUSED)
@@ -97,10 +107,16 @@ class FleetBackend:
                 raise QueueFull(waiting, self.settings.queue_size, waiting,
                                 max(1, math.ceil((waiting + 1) * latency / max(capacity, 1))))
             self._in_fleet[request.hardware] = in_flight + len(bodies)
+            if job.client:
+                self._by_client[job.client] = own + len(bodies)
 
         def done(_: int) -> None:
             with self._lock:
                 self._in_fleet[request.hardware] -= 1
+                if job.client:
+                    self._by_client[job.client] -= 1
+                    if not self._by_client[job.client]:
+                        del self._by_client[job.client]
 
         return run_together(job, kind, self.stats, bodies, combine, done)
 

@@ -27,8 +27,8 @@ class Job:
     """One admitted request, running in a thread of its own: `future` gets its result (or its error); `cancel()`
     stops it at its next denoise step, or takes it out of the line."""
 
-    def __init__(self, request: Request, cancelled: Callable[[], bool] = never):
-        self.request = request
+    def __init__(self, request: Request, cancelled: Callable[[], bool] = never, client: str = ""):
+        self.request, self.client = request, client
         self.future: Future = Future()
         self._stop = threading.Event()
         self._asked = cancelled

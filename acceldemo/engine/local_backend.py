@@ -38,7 +38,7 @@ class LocalBackend:
                  artifacts: ArtifactStore, node: str):
         self.settings, self.hardware, self.executor, self.stats = settings, hardware, executor, stats
         self.artifacts, self.node = artifacts, node
-        self.line = Line(settings.queue_size, settings.device_wait_s)
+        self.line = Line(settings.queue_size, settings.device_wait_s, settings.client_queue_limit)
         self.ledger = ShapeLedger(settings.max_shapes_per_pipeline)
         self.compile_times = CompileTimes(settings.cache_dir)
         self.batching = BatchPolicy(settings, hardware, self.ledger)
@@ -105,11 +105,12 @@ class LocalBackend:
         of its own (`run_together`)."""
         try:
             tickets = self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
-                                               self._preference(job.request), sharing=sharing, payloads=members)
-        except QueueFull as full:
+                                               self._preference(job.request), sharing=sharing, payloads=members,
+                                               client=job.client)
+        except QueueFull as full:  # the line's limit, or the client's share of it (ClientQueueFull)
             self.stats.count(kind, Outcome.REFUSED)
-            raise QueueFull(full.waiting, full.limit, full.ahead,
-                            self._retry_after(job.request, full.ahead, candidates)) from None
+            raise type(full)(full.waiting, full.limit, full.ahead,
+                             self._retry_after(job.request, full.ahead, candidates)) from None
         except AcceldemoError as error:
             self.stats.count(kind, outcome_of(error))
             raise

@@ -214,3 +214,20 @@ class Keys:
         if not self.operator_required:
             return True
         return bool(key) and self._operator is not None and hmac.compare_digest(digest(key.strip()), self._operator)
+
+
+# OpenAI's `user` / `safety_identifier` as a client within a key: longer ones are refused (400).
+MAX_USER_CHARS = 256
+
+
+def client_name(caller: Caller | None, user: str | None = None, session: str | None = None,
+                peer: str | None = None) -> str:
+    """Whom the line takes turns across: a key's name (with the OpenAI `user` or `safety_identifier` within it); for a
+    caller without a key, the page's session, else the peer address (uvicorn's, which trusts forwarded headers only
+    from `--forwarded-allow-ips` / FORWARDED_ALLOW_IPS). A `user` without a key names nobody: anyone can type one."""
+    if caller is not None and caller.client != VISITOR:
+        return f"{caller.client}/{user}" if user else caller.client
+    if session:
+        return f"session:{session}"
+    return f"peer:{peer or 'unknown'}"
+

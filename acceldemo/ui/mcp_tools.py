@@ -24,6 +24,7 @@ from gradio.utils import get_upload_folder
 from ..engine import Engine, ModelView
 from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, InvalidRequest, QueueFull, describe_error
 from ..records import GenerateParams, Phase, Progress
+from .keys import Keys, Refused, client_name
 from .openai_protocol import WARMING_RETRY_AFTER_S
 from .page import image_file
 from .watch import WatchedJob
@@ -136,13 +137,13 @@ def model_facts(model: ModelView) -> dict:
             "step_caches": ["none", "auto", *(c["name"] for c in model.step_caches if c["refused"] is None)]}
 
 
-def tools_blocks(engine: Engine) -> gr.Blocks:
+def tools_blocks(engine: Engine, keys: Keys | None = None) -> gr.Blocks:
     """A Blocks whose named endpoints are the tools, and nothing else: Gradio's MCP server offers every named endpoint
     of its Blocks as a tool, so the page's own stay off the list, and a call does not pay for the page's many
     components (Gradio builds a session of the whole Blocks for every MCP call: 14 ms for the page, 0.3 ms for this
     one, measured here). Each tool is off Gradio's queue: a call goes straight to the engine's line, the only place a
     request waits."""
-    tools = McpTools(engine)
+    tools = McpTools(engine, keys)
     # Served images are files in Gradio's cache: delete those older than an hour, every 10 minutes (as the page does).
     with gr.Blocks(title="acceldemo", delete_cache=(600, 3600)) as blocks:
         gr.Markdown(f"## acceldemo's MCP tools\nAn MCP client connects to `{MCP_PATH}/` (streamable HTTP); the page is "
@@ -156,11 +157,20 @@ class McpTools:
     """The tools over one engine. Drawing tools are coroutines (checking and encoding run in threads, the job in the
     engine's); the others are plain functions, which Gradio runs in a thread."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, keys: Keys | None = None):
+        self.engine, self.keys = engine, keys or Keys()
         self.outputs = Path(tempfile.mkdtemp(prefix="mcp-", dir=os.environ.get("GRADIO_TEMP_DIR")))
 
-    async def draw(self, params: GenerateParams) -> tuple[gr.FileData, str]:
+    def client(self, request: gr.Request | None) -> str:
+        """Whose turn in line a call takes: its key's client (the MCP door let only valid keys in), else its peer."""
+        headers = request.headers if request is not None else {}
+        try:
+            caller = self.keys.caller(headers.get("authorization"))
+        except Refused:
+            caller = None
+        return client_name(caller, peer=getattr(getattr(request, "client", None), "host", None))
+
+    async def draw(self, params: GenerateParams, request: gr.Request | None = None) -> tuple[gr.FileData, str]:
         """Check, admit into the engine's line (or refuse), follow, and answer the image as a PNG file with its facts
         (JSON); a call the client cancels stops its job."""
         with tool_errors():
@@ -168,8 +178,9 @@ class McpTools:
             if not startup.ready:
                 raise ToolError(f"the app is still warming up ({startup.shown}); try again in about "
                                 f"{WARMING_RETRY_AFTER_S} s", print_exception=False)
-            request = await asyncio.to_thread(self.engine.check, params)
-            job = WatchedJob(lambda report: self.engine.submit(request, report))
+            client = self.client(request)
+            checked = await asyncio.to_thread(self.engine.check, params)
+            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client))
             try:
                 send = progress_sender()
                 if send is not None:
@@ -183,7 +194,8 @@ class McpTools:
 
     async def generate_image(self, prompt: str, size: str | None = None, model: str | None = None,
                              steps: int | None = None, seed: int | None = None, mode: str | None = None,
-                             step_cache: str | None = None, style: str | None = None) -> tuple[gr.FileData, str]:
+                             step_cache: str | None = None, style: str | None = None,
+                             request: gr.Request = None) -> tuple[gr.FileData, str]:
         """Draw a picture from a text prompt with one of this server's diffusion models. Use it when the user asks for
         an image; list_models tells the models, their sizes and modes. Answers the PNG image and its facts as JSON:
         seconds in all, compile seconds and graphs compiled, model, size, steps, seed and device. The same prompt,
@@ -200,12 +212,12 @@ class McpTools:
             style: none (default) or a LoRA style list_models offers for the model.
         """
         return await self.draw(GenerateParams(prompt=prompt, model=model, resolution=size, steps=steps, seed=seed,
-                                              mode=mode, step_cache=step_cache, lora=style))
+                                              mode=mode, step_cache=step_cache, lora=style), request)
 
     async def edit_image(self, image: str, prompt: str, strength: float | None = None, mask: str | None = None,
                          size: str | None = None, model: str | None = None, steps: int | None = None,
                          seed: int | None = None, mode: str | None = None,
-                         style: str | None = None) -> tuple[gr.FileData, str]:
+                         style: str | None = None, request: gr.Request = None) -> tuple[gr.FileData, str]:
         """Change a picture as a text prompt says, with one of this server's diffusion models: the picture is redrawn
         from itself (models whose edit method is strength), or guides the drawing as a reference picture (method
         reference); with a mask, only the mask's region changes (models that take a mask). list_models tells each
@@ -227,7 +239,8 @@ class McpTools:
             picture = picture_bytes(image, "image")
             region = None if mask is None else picture_bytes(mask, "mask")
         return await self.draw(GenerateParams(prompt=prompt, model=model, resolution=size, steps=steps, seed=seed,
-                                              mode=mode, lora=style, image=picture, mask=region, strength=strength))
+                                              mode=mode, lora=style, image=picture, mask=region, strength=strength),
+                               request)
 
     def list_models(self) -> str:
         """List the models this server draws with, as JSON: for each, its name, what it draws, whether it can run

@@ -18,6 +18,7 @@ from ..errors import UnknownName
 from ..models.catalog import CATALOG
 from ..records import GenerateResult, Progress
 from .image_store import IMAGE_TTL_S, ImageStore
+from .keys import client_name
 from .openai_protocol import (
     DISCONNECT_POLL_S,
     FORMATS,
@@ -93,7 +94,9 @@ class ImagesApi:
                                     "done", "server_error", "warming_up", retry_after=WARMING_RETRY_AFTER_S)
             asked = await read()
             checked = await run_in_threadpool(self.engine.check, asked.params())
-            job = WatchedJob(lambda report: self.engine.submit(checked, report))
+            client = client_name(getattr(request.state, "caller", None), asked.user or asked.safety_identifier,
+                                 peer=request.client.host if request.client else None)
+            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client))
             if asked.stream:
                 return ProgressStream(self, job, asked, request).response()
             result = await self.finished(job, request)

@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..records import EditMethod, GenerateParams
 from ..records import Request as EngineRequest
+from .keys import MAX_USER_CHARS
 
 log = logging.getLogger("acceldemo.api")
 PREFIX = "/v1"
@@ -87,9 +88,9 @@ class ImageGenerationRequest(BaseModel):
     frame_count: int | None = None
     frame_duration_ms: int | None = None
     svg: dict | None = None
-    # OpenAI's end-user ids: accepted and ignored.
-    user: str | None = None
-    safety_identifier: str | None = None
+    # OpenAI's end-user ids: with a client key, the client within that key whose turn in line it is (keys.py).
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
+    safety_identifier: str | None = Field(None, max_length=MAX_USER_CHARS)
     # Server-sent events as the images advance (each phase, then each image) instead of one JSON answer.
     stream: bool = False
     seed: int | None = None
@@ -169,7 +170,9 @@ class ImageGenerationRequest(BaseModel):
         for name, why in (("style", "no model here has a style preset"),
                           ("moderation", "this server moderates nothing"),
                           ("complexity", "no model here plans before it draws"),
-                          ("user", "end-user ids are not kept"), ("safety_identifier", "end-user ids are not kept")):
+                          ("user", "end-user ids are not kept (with a client key, it takes turns in line)"),
+                          ("safety_identifier", "end-user ids are not kept (with a client key, it takes turns in "
+                                                "line)")):
             if getattr(self, name) is not None:
                 ignored[name] = f"{getattr(self, name)}: {why}"
         return {"honoured": honoured, "ignored": ignored}

@@ -24,7 +24,7 @@ from ..hardware import all_modes, host_kinds
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
 from ..records import EditInput, EditMethod, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
-from .keys import Keys, Refused
+from .keys import Keys, Refused, client_name
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -386,7 +386,9 @@ class Handlers:
                          step_cache=step_cache, quantization=quantization)
         try:
             request = await asyncio.to_thread(self.engine.check, params)
-            job = self.running[session.session_hash] = WatchedJob(lambda report: self.engine.submit(request, report))
+            client = self.client(session)
+            job = self.running[session.session_hash] = WatchedJob(
+                lambda report: self.engine.submit(request, report, client=client))
             try:
                 async for event in job.events():
                     _show(progress, event)
@@ -434,6 +436,15 @@ class Handlers:
         except Refused:
             return False
         return caller is not None and caller.operator
+
+    def client(self, session: gr.Request | None) -> str:
+        """Whose turn in line an event takes: the key its API call carries, else its browser session."""
+        try:
+            caller = self.keys.caller(session.headers.get("authorization") if session is not None else None)
+        except Refused:
+            caller = None
+        return client_name(caller, session=getattr(session, "session_hash", None),
+                           peer=getattr(getattr(session, "client", None), "host", None))
 
     def unlock(self, key):
         """The operator key typed into the Operator tab: its panels shown (this session only), or a refusal."""

@@ -176,7 +176,7 @@ def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = 
     app.include_router(openai_router(engine, images, [Depends(guard(keys, count, "v1"))]))
     app.add_exception_handler(StarletteHTTPException, openai_http_error)
     if mcp:
-        tools = tools_blocks(engine)
+        tools = tools_blocks(engine, keys)
         gr.mount_gradio_app(app, tools, path=TOOLS_MOUNT, ssr_mode=False, mcp_server=True)
         if tools.mcp_error:  # Gradio serves on without its MCP server: asked for, its absence is an error
             raise RuntimeError(tools.mcp_error)
