@@ -14,8 +14,8 @@ DEVICE_SCRIPT = ROOT / "bench" / "device" / "flux2_klein_cuda.py"
 # The pool has tests of its own and is the slowest section to start; CI keeps this smoke run short without it. The
 # sections run as two bench processes at once, each of one torch thread (a smoke run's figures are not compared, and
 # one bench process alone leaves a core of this 2-core host idle about half of the time).
-SMOKE_GROUPS = ("manager,compiled,revisits,restart,serving,replicas", "previews,styles,acceleration,parallel,regional,"
-                "batching")
+SMOKE_GROUPS = ("manager,compiled,revisits,restart,serving,replicas,fairness",
+               "previews,styles,acceleration,parallel,regional,batching")
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -86,7 +86,7 @@ def test_smoke_bench_writes_json_markdown_and_chart(smoke_runs):
 def test_smoke_bench_reports_every_asked_section(smoke_report):
     report = smoke_report
     sections = {figure["section"] for figure in report["figures"]}
-    assert sections == {1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14}
+    assert sections == {1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16}
     keys = {figure["key"] for figure in report["figures"]}
     assert {"manager_overhead", "restart_vs_cold", "regional_vs_whole_compile", "regional_vs_whole_warm",
             "compiled_vs_eager_64x64", "revisit_graphs", "serving_p50_1_client", "serving_v1_p50_1_client",
@@ -97,7 +97,8 @@ def test_smoke_bench_reports_every_asked_section(smoke_report):
             "styles_edit_compiled", "styles_edit_half_eager", "step_cache_speed_eager_28",
             "step_cache_speed_compiled_28", "step_cache_difference_compiled_4", "step_cache_compiled_28_accuracy_drop",
             "int8_weight_bytes", "int8_speed", "int8_accuracy_drop", "result_cache", "parallel_cfg", "parallel_cp",
-            "parallel_cfg_collectives", "parallel_cp_collectives", "parallel_cfg_ceiling"} <= keys
+            "parallel_cfg_collectives", "parallel_cp_collectives", "parallel_cfg_ceiling", "fair_share_wait",
+            "arrival_order_wait"} <= keys
     assert next(f for f in report["figures"] if f["key"] == "batching_errors")["value"]["high"] == 0
     assert next(f for f in report["figures"] if f["key"] == "styles_new_graphs_compiled")["value"]["high"] == 0
 

@@ -12,7 +12,7 @@ from ..records import GenerateParams, Request, Shape
 MODEL = "tiny-flux2-klein"
 PROMPT = "a red circle on a blue square"
 SECTIONS = ("manager", "pool", "restart", "regional", "compiled", "revisits", "serving", "mcp", "replicas",
-            "batching", "previews", "styles", "acceleration", "parallel")
+            "batching", "previews", "styles", "acceleration", "parallel", "fairness")
 # Asked for by name only (--sections): they start Ray clusters or object stores of their own.
 OPTIONAL_SECTIONS = ("fleet", "store")
 

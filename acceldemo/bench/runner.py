@@ -209,7 +209,7 @@ def restart(bench: InProcessBench) -> list[Figure]:
 # dynamo (4) or load the machine with other processes (3) last.
 _ORDER: tuple[tuple[str, Callable[[InProcessBench], list[Figure]]], ...] = (
     ("manager", manager_overhead), ("compiled", compiled_vs_eager), ("revisits", revisits),
-    *((name, _measured_by(name)) for name in ("previews", "styles", "acceleration", "parallel")),
+    *((name, _measured_by(name)) for name in ("previews", "styles", "acceleration", "parallel", "fairness")),
     ("serving", serving), ("mcp", _measured_by("mcp")), ("pool", pool_overhead), ("regional", regional_vs_whole),
     ("restart", restart),
     *((name, _measured_by(name)) for name in ("replicas", "batching", "fleet")), ("store", store))
