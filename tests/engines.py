@@ -51,13 +51,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app) -> Iterator[str]:
+def serving(app, **config) -> Iterator[str]:
     """A FastAPI app served by uvicorn on a free loopback port in this process (so a test can call its engine
-    directly beside its HTTP clients); yields the base URL."""
+    directly beside its HTTP clients); yields the base URL. `config`: more of uvicorn's settings."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -160,3 +160,43 @@ def test_through_the_gradio_api_two_sessions_take_turns(fair):
     assert outcomes.count("served") == 2, outcomes
     assert all("ACCELDEMO_CLIENT_QUEUE=2" in o for o in outcomes if o != "served")
     assert other.result(timeout=120)[2]["seed"] == 99
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("trusted", "admitted"), [("10.9.9.9", 2), ("127.0.0.1", 3)])
+def test_a_forwarded_address_names_the_client_only_from_a_trusted_proxy(fresh_manager, trusted, admitted):
+    """Without keys a /v1 client is its peer address, as uvicorn gives it: X-Forwarded-For counts only from a peer
+    in --forwarded-allow-ips (FORWARDED_ALLOW_IPS), so from anyone else a new header per request is still one client."""
+    engine = fresh_manager(queue_size=8, client_queue=2, default_model="tiny-shapes")
+    holder = DeviceHolder(engine)
+    holder.start()
+    try:
+        with serving(create_app(engine), forwarded_allow_ips=trusted) as url:
+            async def three():
+                async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                    async def one(i):
+                        answer = await client.post("/v1/images/generations", headers={"X-Forwarded-For": f"1.2.3.{i}"},
+                                                   json={"prompt": "x", "size": "64x64", "num_inference_steps": 1})
+                        return answer.status_code, answer.text
+                    sent = [asyncio.create_task(one(i)) for i in range(3)]
+                    while engine.queue_depth() + sum(t.done() for t in sent) < 3:
+                        await asyncio.sleep(0.05)
+                    waiting = engine.queue_depth()
+                    holder.release()
+                    return waiting, await asyncio.gather(*sent)
+            waiting, answers = asyncio.run(three())
+    finally:
+        holder.release()
+    assert waiting == admitted, answers
+    refused = [text for code, text in answers if code == 429]
+    assert len(refused) == 3 - admitted and all("ACCELDEMO_CLIENT_QUEUE=2" in text for text in refused)
+
+
+def test_an_openai_user_past_256_characters_is_refused_by_name(fresh_manager):
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(fresh_manager())) as client:
+        answer = client.post("/v1/images/generations", json={"prompt": "x", "user": "u" * 257})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "user", answer.text
+        answer = client.post("/v1/images/generations", json={"prompt": "x", "safety_identifier": "s" * 300})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "safety_identifier"
