@@ -426,3 +426,17 @@ def test_a_tampered_package_is_refused_compiled_here_and_its_image_is_right(sign
         assert any("bad_signature" in r.message and "does not match" in r.message for r in caplog.records)
     finally:
         engine.close()
+
+
+def test_a_host_that_trusts_keys_but_cannot_sign_publishes_nothing(tmp_path, keys, caplog):
+    folder = str(tmp_path / "store")
+    assert RemoteArtifacts(folder, signer=keys["signer"]).publish(NAME, fake_package(tmp_path), ABOUT, ".pt2")
+    signed = (tmp_path / "store" / (NAME + ".manifest.json")).read_text()
+    checking = RemoteArtifacts(folder, trust=keys["trust"])
+    with caplog.at_level(logging.WARNING, logger="acceldemo.artifacts"):
+        assert not checking.publish(NAME, fake_package(tmp_path), ABOUT, ".pt2")
+        assert not checking.publish(NAME, fake_package(tmp_path), ABOUT, ".pt2")
+    assert (tmp_path / "store" / (NAME + ".manifest.json")).read_text() == signed  # the signed one stays
+    assert caplog.text.count("packages compiled here stay here") == 1
+    assert checking.fetch(NAME, tmp_path / "p.pt2").outcome is FetchOutcome.HIT
+

@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..config import store_url
-from .signing import SignatureState, Signer, Trust, check
+from .signing import SIGNING_KEY_SETTING, TRUST_SETTING, SignatureState, Signer, Trust, check
 
 log = logging.getLogger("acceldemo.artifacts")
 
@@ -263,7 +263,16 @@ class RemoteArtifacts:
 
     def publish(self, name: str, source: Path, about: dict, suffix: str = "") -> bool:
         """Upload `source` as NAME: its object first, then its manifest. Two hosts publishing one NAME at once both
-        succeed: each manifest names an object complete before it, so whichever manifest stays is valid."""
+        succeed: each manifest names an object complete before it, so whichever manifest stays is valid. A host that
+        trusts keys but has none to sign with publishes nothing: its unsigned manifest would replace a signed one
+        that every trusting host loads with one they all refuse."""
+        if self.trust is not None and self.signer is None:
+            if not self.events["unsigned_kept_here"]:
+                log.warning("artifact store %s: %s is set but %s is not: packages compiled here stay here (an "
+                            "unsigned one would be refused by every host that trusts keys)", shown_url(self.url),
+                            TRUST_SETTING, SIGNING_KEY_SETTING)
+            self.events["unsigned_kept_here"] += 1
+            return False
         if not self.available():
             return False
         try:
