@@ -440,3 +440,15 @@ def test_a_host_that_trusts_keys_but_cannot_sign_publishes_nothing(tmp_path, key
     assert caplog.text.count("packages compiled here stay here") == 1
     assert checking.fetch(NAME, tmp_path / "p.pt2").outcome is FetchOutcome.HIT
 
+
+def test_the_operator_panel_says_which_keys_the_store_trusts_and_what_it_refused(tmp_path, keys):
+    from acceldemo.ui.page import describe_store
+
+    folder = str(tmp_path / "store")
+    assert RemoteArtifacts(folder).publish(NAME, fake_package(tmp_path), ABOUT, ".pt2")
+    checking = RemoteArtifacts(folder, trust=keys["trust"])
+    assert checking.fetch(NAME, tmp_path / "p.pt2").outcome is FetchOutcome.REJECTED
+    shown = describe_store(checking.report())
+    assert "1 refused (1 unsigned)" in shown and f"signed by {', '.join(keys['trust'].key_ids)} only" in shown
+    assert "no ACCELDEMO_ARTIFACTS_TRUST" in describe_store(RemoteArtifacts(folder).report())
+

@@ -193,8 +193,12 @@ def describe_store(store: dict | None) -> str:
     if not store["reachable"]:
         return (f"  \n**Shared artifact store {store['url']} unreachable** ({store['error']}): compiling locally, "
                 "serving on")
+    refusals = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in
+                         (store.get("rejections") or {}).items() if count)
+    trust = (f"packages signed by {', '.join(store['trusted_keys'])} only" if store.get("trusted_keys") else
+             "**no ACCELDEMO_ARTIFACTS_TRUST: packages load on a checksum kept in the same store**")
     return (f"  \nShared artifact store {store['url']}: {store['fetched']} fetched, {store['published']} published, "
-            f"{store['rejected']} refused")
+            f"{store['rejected']} refused{f' ({refusals})' if refusals else ''}; {trust}")
 
 
 def status_rows(snapshot: Snapshot) -> pd.DataFrame:
