@@ -141,6 +141,10 @@ class Settings:
     # A Ray cluster whose nodes run the pipeline replicas as a Ray Serve deployment (`auto`: the cluster `ray start`
     # began on this host); None: this host's own devices, no Ray.
     ray_address: str | None = None
+    # Join that cluster without Ray's token authentication (ACCELDEMO_RAY_INSECURE=1, with a warning at start). Off:
+    # the app joins only with RAY_AUTH_MODE=token and the cluster's token (fleet/ray_fleet.py, `ray_auth`), since
+    # whoever reaches an unauthenticated cluster's GCS port can run code on every node.
+    ray_insecure: bool = False
     # Ray Serve's autoscaling of those replicas (min_replicas — 0 scales to zero —, max_replicas,
     # target_ongoing_requests, ...); empty: a fixed number of replicas (--replicas, else one per device on the cluster).
     ray_autoscaling: dict = field(default_factory=dict)
@@ -212,6 +216,7 @@ class Settings:
             admin_key=text("ACCELDEMO_ADMIN_KEY"),
             admin_key_file=text("ACCELDEMO_ADMIN_KEY_FILE"),
             ray_address=text("ACCELDEMO_RAY_ADDRESS"),
+            ray_insecure=switch("ACCELDEMO_RAY_INSECURE", False),
             ray_autoscaling=json_object("ACCELDEMO_RAY_AUTOSCALING"),
             artifacts=store_url(text("ACCELDEMO_ARTIFACTS")),
             artifacts_options=json_object("ACCELDEMO_ARTIFACTS_OPTIONS"),

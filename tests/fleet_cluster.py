@@ -1,5 +1,5 @@
-"""The fleet on a real two-node Ray cluster (two `ray start` processes of one CPU each on 127.0.0.1) with app.py
-serving on it. Ray binds some listeners on every interface, so these run only inside a private network namespace:
+"""The fleet on a real two-node Ray cluster (two `ray start` processes of one CPU each on 127.0.0.1, asking for
+their token) with app.py serving on it. Ray binds some listeners on every interface, so these run only inside a private network namespace:
 `tests/test_fleet.py` runs this file there with pytest (its name keeps the normal collection away from it).
 """
 from __future__ import annotations
@@ -7,8 +7,12 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +21,7 @@ from PIL import Image
 
 from acceldemo.bench.fleet import RAY_ENV, LocalCluster, fleet_app, in_private_network
 
+APP = Path(__file__).resolve().parents[1] / "app.py"
 pytestmark = pytest.mark.skipif(not in_private_network(), reason="run by tests/test_fleet.py in a private network")
 
 PROMPT = "a red circle on a blue background, top left"
@@ -37,7 +42,9 @@ def cluster():
 @pytest.fixture(scope="module")
 def app(cluster):
     # Warmed at start with a step cache: the replica warms the very request it then serves, every field included.
-    server = fleet_app(cluster, {"ACCELDEMO_QUEUE_SIZE": "6"},
+    # These tests are one client (this address) filling the line: its share is the whole line (fairness between
+    # clients on a fleet is tests/test_fleet.py's and tests/test_fair_share.py's).
+    server = fleet_app(cluster, {"ACCELDEMO_QUEUE_SIZE": "6", "ACCELDEMO_CLIENT_QUEUE": "6"},
                        args=("--replicas", "2", "--warmup", f"compiled:64x64:step_cache={WARM_CACHE}"))
     try:
         yield server.ready()
@@ -111,12 +118,17 @@ def test_the_start_up_warm_up_reached_ready_and_its_request_compiles_nothing_mor
 
 @pytest.fixture(scope="module")
 def driver(cluster):
-    """This process joined to the cluster ahead of time, so a kill mid-request is one call, not a connection."""
-    import ray
+    """This process joined to the cluster ahead of time, so a kill mid-request is one call, not a connection. Ray
+    reads its auth settings when it is imported: the cluster's token is in the environment first."""
+    with pytest.MonkeyPatch.context() as environment:
+        for name, value in cluster.auth_env.items():
+            environment.setenv(name, value)
+        environment.delenv("RAY_AUTH_TOKEN", raising=False)
+        import ray
 
-    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": RAY_ENV})
-    yield ray
-    ray.shutdown()
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": RAY_ENV})
+        yield ray
+        ray.shutdown()
 
 
 def _replica_actor(ray, replica_id: str):
@@ -198,3 +210,30 @@ def test_scale_to_zero_and_back(cluster):
     finally:
         print(server.output()[-4000:])
         server.close()
+
+
+def _without_ray_auth(**extra: str) -> dict[str, str]:
+    """This environment less every Ray auth setting; Ray gives up joining after 2 tries, not 20 (one a second)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}, **RAY_ENV,
+            "RAY_gcs_server_port_wait_time_s": "2", **extra}
+
+
+def test_a_ray_init_without_the_token_is_refused(cluster):
+    joined = subprocess.run(
+        [sys.executable, "-c", f"import ray; ray.init(address={cluster.address!r}); print('joined')"],
+        capture_output=True, text=True, timeout=120, env=_without_ray_auth(), stdin=subprocess.DEVNULL)
+    assert joined.returncode == 1 and "joined" not in joined.stdout, joined.stdout + joined.stderr[-3000:]
+    assert "InvalidAuthToken: Authentication token is missing or incorrect" in joined.stderr, joined.stderr[-3000:]
+
+
+def test_the_app_with_a_wrong_token_says_so_in_one_line_and_never_shows_it(cluster):
+    wrong = "f" * 64
+    done = subprocess.run(
+        [sys.executable, str(APP), "--ray", cluster.address, "--port", "1"], capture_output=True, text=True,
+        timeout=300, stdin=subprocess.DEVNULL,
+        env=_without_ray_auth(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=wrong, OMP_NUM_THREADS="1"))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and errors == [
+        f"error: --ray {cluster.address}: the Ray cluster refused this app's token: RAY_AUTH_TOKEN or the file "
+        "RAY_AUTH_TOKEN_PATH names must hold the token its nodes were started with"], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and wrong not in done.stdout + done.stderr

@@ -179,11 +179,89 @@ def test_ray_autoscaling_setting_is_checked():
     assert settings.ray_autoscaling == {"min_replicas": 0, "max_replicas": 2} and settings.ray_address == "auto"
 
 
+def _app_env(**variables: str) -> dict[str, str]:
+    """This environment without any Ray or fleet setting, plus `variables`; Ray gives up on a closed port in seconds
+    (one try, one second each for the GCS and its client), not minutes."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "ACCELDEMO_RAY_"))}
+    return {**kept, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1", "RAY_gcs_server_port_wait_time_s": "1",
+            "RAY_py_gcs_connect_timeout_s": "1", "RAY_gcs_rpc_server_connect_timeout_s": "1", **variables}
+
+
+def _app_on_ray(address: str, **variables: str) -> tuple[int, list[str], str]:
+    """app.py --ray `address`: its exit status, its `error:` lines and all it wrote to stderr."""
+    done = subprocess.run([sys.executable, "app.py", "--ray", address, "--port", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=_app_env(**variables), stdin=subprocess.DEVNULL)
+    return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error:")], done.stderr
+
+
+def test_the_app_joins_a_ray_cluster_only_with_its_token():
+    status, errors, stderr = _app_on_ray("127.0.0.1:1")
+    assert status == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert errors[0].startswith("error: --ray 127.0.0.1:1: the app joins a Ray cluster only with token authentication")
+    for name in ("RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "ACCELDEMO_RAY_INSECURE=1"):
+        assert name in errors[0], errors
+
+
+def test_with_the_opt_out_the_app_warns_and_goes_on_to_connect():
+    status, errors, stderr = _app_on_ray("127.0.0.1:1", ACCELDEMO_RAY_INSECURE="1")
+    assert status == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert "WARNING joining the Ray cluster at 127.0.0.1:1 WITHOUT token authentication (ACCELDEMO_RAY_INSECURE=1)" \
+        in stderr, stderr[-3000:]
+    assert "no Ray cluster to join (Failed to connect to Ray cluster at" in errors[0], errors
+    assert "token" not in errors[0].lower(), errors
+
+
+def test_a_token_file_that_is_not_there_is_refused_by_name(tmp_path):
+    missing = tmp_path / "auth_token"
+    status, errors, stderr = _app_on_ray("127.0.0.1:1", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(missing))
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert errors == [f"error: --ray 127.0.0.1:1: RAY_AUTH_TOKEN_PATH is set but file cannot be opened or is empty: "
+                      f"{missing}"], stderr[-3000:]
+
+
+def test_ray_auth_reads_the_mode_as_ray_does_and_names_a_mode_that_is_not_token(caplog):
+    from acceldemo.fleet.ray_fleet import ray_auth
+
+    settings = dataclasses.replace(Settings.from_env(_app_env()), ray_address="10.0.0.1:6379")
+    assert ray_auth(settings, {"RAY_AUTH_MODE": "token"}) and ray_auth(settings, {"RAY_AUTH_MODE": "TOKEN"})
+    with pytest.raises(ValueError, match=r"only with token authentication \(RAY_AUTH_MODE is 'disabled'\)"):
+        ray_auth(settings, {"RAY_AUTH_MODE": "disabled"})
+    insecure = dataclasses.replace(settings, ray_insecure=True)
+    assert ray_auth(insecure, {"RAY_AUTH_MODE": "token"}) and not caplog.records  # a token, no warning
+    assert not ray_auth(insecure, {})
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "10.0.0.1:6379" in caplog.records[0].message
+
+
+def test_a_cluster_that_refuses_the_token_is_told_apart_from_no_cluster():
+    from acceldemo.fleet.ray_fleet import join_refusal
+
+    def failed(cause: str) -> ConnectionError:
+        error = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+        error.__cause__ = RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback ...\n{cause}")
+        return error
+
+    refused = failed("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is "
+                     "missing or incorrect.")
+    assert join_refusal(refused, with_token=True).startswith("the Ray cluster refused this app's token")
+    assert join_refusal(refused, with_token=False).startswith("the Ray cluster asks for its token: set RAY_AUTH_MODE")
+    timed_out = failed("ray.exceptions.RpcError: Timed out while waiting for GCS to become available.")
+    assert join_refusal(timed_out, with_token=True) == \
+        "no Ray cluster to join (Failed to connect to Ray cluster at 10.0.0.1:6379)"
+
+
+def test_the_ray_opt_out_is_a_switch():
+    assert not Settings.from_env(_app_env()).ray_insecure
+    assert Settings.from_env(_app_env(ACCELDEMO_RAY_INSECURE="1")).ray_insecure
+    with pytest.raises(ValueError, match=r"ACCELDEMO_RAY_INSECURE='maybe' is not accepted: 1 or 0"):
+        Settings.from_env(_app_env(ACCELDEMO_RAY_INSECURE="maybe"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_app_on_a_two_node_ray_cluster():
-    """tests/fleet_cluster.py in a private network namespace: requests spread over both nodes, a killed replica's
-    request served elsewhere and the replica replaced, a full line answered 429, scale to zero and back."""
+    """tests/fleet_cluster.py in a private network namespace, on a cluster that asks for its token: requests spread
+    over both nodes, a killed replica's request served elsewhere and the replica replaced, a full line answered 429,
+    scale to zero and back; a `ray.init` without the token refused, the app with a wrong one stopped in one line."""
     refusal = private_network_refusal()
     assert refusal is None, refusal
     done = subprocess.run(in_private_network_command(
@@ -192,14 +270,15 @@ def test_app_on_a_two_node_ray_cluster():
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
-    assert "5 passed" in done.stdout, tail
+    assert "7 passed" in done.stdout, tail
 
 
 @pytest.mark.slow
 def test_the_app_without_a_ray_cluster_says_so_and_exits():
     done = subprocess.run(in_private_network_command(
         [sys.executable, "app.py", "--ray", "auto", "--port", "1"]), cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""})
+        timeout=300, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
+                          "RAY_AUTH_TOKEN": "a" * 64})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--ray auto: no Ray cluster to join (Could not find any running Ray instance" in done.stderr
 

@@ -1,6 +1,6 @@
 """Section 9, the fleet: app.py on a real local Ray cluster (`ray start` nodes of one CPU each), measured against
 itself on fewer nodes and against the single-host app. Also the helpers the fleet tests use: a private network with
-only loopback (Ray binds some listeners on every interface), a local cluster, an app on it.
+only loopback (Ray binds some listeners on every interface), a local cluster that asks for its token, an app on it.
 
 Run it with `python -m acceldemo bench --sections fleet`; outside a private network the section re-runs itself in
 one (`unshare --net`, as root), or says why it cannot.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import statistics
@@ -25,9 +26,9 @@ from .figures import Figure, Spread, Target, ratios
 from .serving import AppServer, _percentile
 
 NODE_MEMORY = 300_000_000  # each node's object store: images are small
-# What every Ray process of the bench and the tests sees: no usage reports, no token auth (a local `ray.init()`
-# would otherwise turn it on for the nodes that join later), a log of its own.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+# What every Ray process of the bench and the tests sees: no usage reports. Token authentication is each cluster's
+# own (`LocalCluster.auth_env`).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def in_private_network() -> bool:
@@ -62,13 +63,23 @@ def _free_port() -> int:
 
 class LocalCluster:
     """A Ray cluster of `ray start` nodes on 127.0.0.1, each with `cpus` CPUs, no dashboard, a small object store;
-    its own temp dir. Run in a private network namespace. `add_node()` adds one more; `close()` stops them all."""
+    its own temp dir. Run in a private network namespace. `add_node()` adds one more; `close()` stops them all.
+
+    It asks for its token (RAY_AUTH_MODE=token), a fresh random one in a 0600 file of its temp dir: `auth_env` is what
+    a process that joins it needs (the file's path, never the token itself, so no environment, command line or log
+    holds the secret; and it goes with the temp dir)."""
 
     def __init__(self, nodes: int = 2, cpus: int = 1):
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.temp = tempfile.mkdtemp(prefix="acceldemo-ray-")
-        self.env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": self.address}
+        token_path = Path(self.temp) / "auth_token"
+        with os.fdopen(os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as token:
+            token.write(secrets.token_hex(32))  # as `ray get-auth-token --generate` makes one
+        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+        # RAY_AUTH_TOKEN would win over the file: one inherited from this process's environment must not.
+        self.env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}, **RAY_ENV, **self.auth_env,
+                    "RAY_ADDRESS": self.address}
         self.cpus = cpus
         self._ray = str(Path(sys.executable).with_name("ray"))
         try:
@@ -96,9 +107,10 @@ class LocalCluster:
 
 
 def fleet_app(cluster: LocalCluster, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> AppServer:
-    """app.py serving on `cluster` (its replicas one CPU each), on a free loopback port."""
-    return AppServer(None, env={**RAY_ENV, "OMP_NUM_THREADS": "1", "ACCELDEMO_CPU_COMPILE_BACKEND": "aot_eager",
-                                **(env or {})},
+    """app.py serving on `cluster` (its replicas one CPU each, joined with the cluster's token), on a free loopback
+    port. An inherited RAY_AUTH_TOKEN is emptied: Ray would prefer it to the cluster's file, and ignores it empty."""
+    return AppServer(None, env={**RAY_ENV, **cluster.auth_env, "RAY_AUTH_TOKEN": "", "OMP_NUM_THREADS": "1",
+                                "ACCELDEMO_CPU_COMPILE_BACKEND": "aot_eager", **(env or {})},
                      args=("--ray", cluster.address, *args))
 
 

@@ -51,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="run the pipeline replicas on a Ray cluster as a Ray Serve deployment: its address, or "
                              "auto for the one `ray start` began here (env ACCELDEMO_RAY_ADDRESS; needs "
-                             "requirements-fleet.txt; autoscaling: ACCELDEMO_RAY_AUTOSCALING; default: none, this "
-                             "host's devices)")
+                             "requirements-fleet.txt, and the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN "
+                             "or RAY_AUTH_TOKEN_PATH, else ACCELDEMO_RAY_INSECURE=1; autoscaling: "
+                             "ACCELDEMO_RAY_AUTOSCALING; default: none, this host's devices)")
     parser.add_argument("--artifacts", metavar="URL",
                         help="shared artifact store behind the local compile cache: a shared folder, "
                              "s3://bucket/prefix, gs://bucket/prefix or hf://datasets/ORG/NAME; read on a local miss, "

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..builder import build_engine
@@ -24,6 +24,9 @@ from ..records import DeviceSet, GenerateResult, Phase, Progress, ProgressCallba
 log = logging.getLogger("acceldemo.fleet")
 APP = "acceldemo"
 PACKAGE = Path(__file__).resolve().parents[1]
+# Ray's own variables: Ray reads them; the app only checks that they are there and names them.
+RAY_TOKEN_HOWTO = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN or in a file named by "
+                   "RAY_AUTH_TOKEN_PATH, as on its `ray start` nodes (see docs/fleet.md)")
 
 
 def fleet_engine(settings: Settings, model: str | None = None) -> Engine:
@@ -31,6 +34,34 @@ def fleet_engine(settings: Settings, model: str | None = None) -> Engine:
     the default) from their start: the hardware it offers is the cluster's, not this host's."""
     fleet = RayFleet(settings, model=model)
     return build_engine(settings, HardwareRegistry(settings, fleet.found), node=fleet.node, fleet=fleet)
+
+
+def ray_auth(settings: Settings, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the app joins its Ray cluster with Ray's token: RAY_AUTH_MODE=token (Ray then finds the token itself,
+    in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or its default file ~/.ray/auth_token, and refuses to start without one).
+    Without it the app joins only with ACCELDEMO_RAY_INSECURE=1, and warns; otherwise a ValueError says what to set."""
+    env = os.environ if environ is None else environ
+    mode = env.get("RAY_AUTH_MODE", "")
+    if mode.lower() == "token":  # as Ray reads it, in any case
+        return True
+    if not settings.ray_insecure:
+        shown = f" (RAY_AUTH_MODE is {mode!r})" if mode else ""
+        raise ValueError(f"the app joins a Ray cluster only with token authentication{shown}: {RAY_TOKEN_HOWTO}; "
+                         "or ACCELDEMO_RAY_INSECURE=1 to join one without it")
+    log.warning("joining the Ray cluster at %s WITHOUT token authentication (ACCELDEMO_RAY_INSECURE=1): whoever "
+                "reaches its GCS port can run code on every node of it", settings.ray_address or "auto")
+    return False
+
+
+def join_refusal(error: ConnectionError, with_token: bool) -> str:
+    """Why `ray.init` could not join: the cluster refused this app's token, or asked for one the app did not send
+    (Ray says so only in the error its ConnectionError wraps), or no cluster answered."""
+    if "AuthenticationError" not in str(error.__cause__):
+        return f"no Ray cluster to join ({error})"
+    if with_token:
+        return ("the Ray cluster refused this app's token: RAY_AUTH_TOKEN or the file RAY_AUTH_TOKEN_PATH names must "
+                "hold the token its nodes were started with")
+    return f"the Ray cluster asks for its token: {RAY_TOKEN_HOWTO}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +114,10 @@ class RayFleet:
     """
 
     def __init__(self, settings: Settings, cpus_per_replica: float = 1.0, model: str | None = None):
+        with_token = ray_auth(settings)  # refused before Ray is even imported
         import ray
         from ray import serve
+        from ray.exceptions import AuthenticationError
         from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
         from .replica import PipelineReplica
@@ -95,8 +128,10 @@ class RayFleet:
         try:
             ray.init(address=address, namespace=APP, log_to_driver=False, ignore_reinit_error=True,
                      runtime_env={"py_modules": [str(PACKAGE)], "excludes": ["__pycache__"]})
+        except AuthenticationError as error:  # token mode, but no token here: Ray's message names where it looked
+            raise ValueError(error.message) from None
         except ConnectionError as error:
-            raise ConnectionError(f"no Ray cluster to join ({error})") from None
+            raise ConnectionError(join_refusal(error, with_token)) from None
         # Anything of this process that looks for Ray later (Serve's own helpers) finds this cluster, never starts a
         # local one of its own.
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
@@ -129,7 +164,8 @@ class RayFleet:
                                 blocking=False)
         self._views: tuple[float, list[ReplicaView]] = (0.0, [])
         self._lock = threading.Lock()
-        log.info("fleet: %s on the Ray cluster at %s, %s; %s", self.deployment, address,
+        log.info("fleet: %s on the Ray cluster at %s (%s), %s; %s", self.deployment, address,
+                 "token authentication" if with_token else "NO authentication",
                  f"autoscaling {autoscaling}" if autoscaling else f"{replicas} replica(s)", plan.reason)
 
     def capacity(self, hardware: str) -> int:
