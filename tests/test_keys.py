@@ -184,6 +184,7 @@ def test_the_gradio_api_takes_a_client_key_but_warm_up_needs_the_operators(keyed
     assert warmed.startswith("Warmed: 128x64")
     assert httpx.get(url + "/config", headers=bearer("wrong")).status_code == 401  # a wrong key is never a visitor
     assert httpx.get(url + "/config").status_code == 200  # the page stays open to visitors
+    assert httpx.get(url + "/config", headers={"Authorization": "Basic YWxpY2U6cHc="}).status_code == 200  # a proxy's
     metrics = httpx.get(url + "/metrics", headers=bearer(OPERATOR)).text
     assert 'client="alice",door="gradio",outcome="admitted"' in metrics
     assert 'client="unauthenticated",door="gradio",outcome="refused"' in metrics

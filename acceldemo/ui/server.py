@@ -100,6 +100,8 @@ class KeyDoor:
         aliased = _under(path, MCP_PATH)
         door = "mcp" if aliased or _under(path, TOOLS_MOUNT) else "gradio"
         authorization = Headers(scope=scope).get("authorization")
+        if door == "gradio" and authorization and not authorization.lower().startswith("bearer"):
+            authorization = None  # another scheme (a proxy's Basic login in front of the page) names no key here
         try:
             caller = (self.keys.client_door(authorization) if door == "mcp" else
                       self.keys.caller(authorization) or Caller(VISITOR, not self.keys.operator_required))
