@@ -4,6 +4,7 @@ Building and loading real packages is tested end to end in test_cli.py (restart)
 pipeline passes an empty joint_attention_kwargs dict that a package must be traced without.
 """
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +26,14 @@ def test_a_failed_build_leaves_no_package_behind(tmp_path):
     target = store.path("m", "cpu", {"inputs": "x"})
 
     def crashing_build(partial: str):
-        open(partial, "wb").write(b"half a package")
+        Path(partial).write_bytes(b"half a package")
         raise RuntimeError("compiler died")
 
     with pytest.raises(RuntimeError, match="compiler died"):
         store.save(target, crashing_build, {"model": "m"})
     assert list(tmp_path.rglob("*")) == [target.parent.parent, target.parent]
 
-    store.save(target, lambda partial: open(partial, "wb").write(b"package"), {"model": "m", "shape": "64x64"})
+    store.save(target, lambda partial: Path(partial).write_bytes(b"package"), {"model": "m", "shape": "64x64"})
     assert target.read_bytes() == b"package" and json.loads(target.with_suffix(".json").read_text())["shape"] == \
         "64x64"
     assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, target.with_suffix(".json").name])
@@ -41,7 +42,7 @@ def test_a_failed_build_leaves_no_package_behind(tmp_path):
 def test_the_report_counts_packages_and_the_hit_rate(tmp_path):
     store = ArtifactStore(tmp_path)
     assert store.report("auto")["packages"] == 0
-    store.save(store.path("m", "cpu", {"i": 1}), lambda p: open(p, "wb").write(b"x" * 2**20), {})
+    store.save(store.path("m", "cpu", {"i": 1}), lambda p: Path(p).write_bytes(b"x" * 2**20), {})
     store.record({"built": 1})
     store.record({"loaded": 3, "ignored": 9})
     summary = store.report("auto")
@@ -131,7 +132,7 @@ def test_a_call_with_extra_attention_arguments_runs_eagerly_and_builds_nothing(t
 def _fake_package(store: ArtifactStore, toolchain: str | None, inputs: str, hardware: str = "cpu"):
     about = {"model": "m", "hardware": hardware, "shape": "64x64", "toolchain": toolchain}
     path = store.path("m", hardware, {**about, "inputs": inputs})
-    store.save(path, lambda partial: open(partial, "wb").write(b"package"), about)
+    store.save(path, lambda partial: Path(partial).write_bytes(b"package"), about)
     if toolchain is None:
         path.with_suffix(".json").unlink()
     return path

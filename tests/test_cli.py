@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -204,7 +205,7 @@ def test_cache_lists_packages_and_prune_removes_another_toolchains(capsys, monke
     store = ArtifactStore(tmp_path / "aoti")
     about = {"model": "tiny-flux2-klein", "hardware": "cpu", "shape": "64x64", "toolchain": "torch 1.0, cpu none"}
     path = store.path("tiny-flux2-klein", "cpu", about)
-    store.save(path, lambda partial: open(partial, "wb").write(b"package"), about)
+    store.save(path, lambda partial: Path(partial).write_bytes(b"package"), about)
     monkeypatch.setenv("ACCELDEMO_CACHE_DIR", str(tmp_path))
     listed = json.loads(main(capsys, "cache", "--json")[1])
     assert [(p["shape"], p["toolchain"]) for p in listed["packages"]] == [("64x64", "torch 1.0, cpu none")]
