@@ -194,6 +194,7 @@ def _app_on_ray(address: str, **variables: str) -> tuple[int, list[str], str]:
     return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error:")], done.stderr
 
 
+@pytest.mark.heavy  # an app.py process of its own: outside --fast, in the full run
 def test_the_app_joins_a_ray_cluster_only_with_its_token():
     status, errors, stderr = _app_on_ray("127.0.0.1:1")
     assert status == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -202,6 +203,7 @@ def test_the_app_joins_a_ray_cluster_only_with_its_token():
         assert name in errors[0], errors
 
 
+@pytest.mark.heavy  # an app.py process of its own: outside --fast, in the full run
 def test_with_the_opt_out_the_app_warns_and_goes_on_to_connect():
     status, errors, stderr = _app_on_ray("127.0.0.1:1", ACCELDEMO_RAY_INSECURE="1")
     assert status == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -211,6 +213,7 @@ def test_with_the_opt_out_the_app_warns_and_goes_on_to_connect():
     assert "token" not in errors[0].lower(), errors
 
 
+@pytest.mark.heavy  # an app.py process of its own: outside --fast, in the full run
 def test_a_token_file_that_is_not_there_is_refused_by_name(tmp_path):
     missing = tmp_path / "auth_token"
     status, errors, stderr = _app_on_ray("127.0.0.1:1", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(missing))

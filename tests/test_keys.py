@@ -203,6 +203,7 @@ def test_the_api_token_alone_keeps_its_doors_and_guards_warm_up(fresh_manager):
             visitor.predict(["64x64"], "tiny-shapes", "cpu", "eager", "auto", None, ["1"], api_name="/warm_up")
 
 
+@pytest.mark.heavy  # an app.py process of its own: outside --fast, in the full run
 def test_a_bad_key_file_stops_app_py_with_one_error_line(tmp_path):
     bad = tmp_path / "keys.txt"
     bad.write_text(f"alice {ALICE}\n")

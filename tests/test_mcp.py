@@ -88,6 +88,7 @@ def app(server) -> str:
             time.sleep(0.5)
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_the_tools_are_exactly_the_deliberate_ones_with_typed_parameters(app):
     listed = {tool.name: tool for tool in in_session(app, ClientSession.list_tools).tools}
     assert list(listed) == list(TOOLS) == ["generate_image", "edit_image", "list_models", "plan"]
@@ -114,6 +115,7 @@ def test_the_tools_are_exactly_the_deliberate_ones_with_typed_parameters(app):
         assert "Args:" not in tool.description and len(tool.description) > 100, tool.name
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_operator_actions_and_the_pages_own_endpoints_are_no_tools(app):
     async def work(session):
         return ([tool.name for tool in (await session.list_tools()).tools],
@@ -132,6 +134,7 @@ def test_operator_actions_and_the_pages_own_endpoints_are_no_tools(app):
     assert {"/generate", "/compare", "/warm_up"} <= endpoints and not {f"/{name}" for name in TOOLS} & endpoints
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_generate_image_draws_the_asked_scene_at_the_asked_size_with_progress(app):
     steps = []
 
@@ -156,6 +159,7 @@ def test_generate_image_draws_the_asked_scene_at_the_asked_size_with_progress(ap
                for _, message in steps), steps
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_a_refused_request_is_a_tool_error_naming_the_field(app):
     size = refusal(call(app, "generate_image", {"prompt": RED, "model": "tiny-shapes", "size": "100x64"}))
     assert size.startswith("size: resolution='100x64' is not accepted: one of the sizes tiny-shapes draws "
@@ -170,6 +174,7 @@ def test_a_refused_request_is_a_tool_error_naming_the_field(app):
         "image: image='not a picture!' is not accepted: a data URL")
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_edit_image_redraws_a_picture_given_as_data_url_or_as_the_servers_own_image_url(app):
     png = io.BytesIO()
     render(Scene("circle", "red", "blue", "top left"), 64, 64).save(png, "PNG")
@@ -187,6 +192,7 @@ def test_edit_image_redraws_a_picture_given_as_data_url_or_as_the_servers_own_im
     assert outside.startswith("image: ") and "names no picture this server still serves" in outside
 
 
+@pytest.mark.heavy  # the session's app.py: outside --fast, in the full run
 def test_list_models_and_plan_answer_in_the_tools_words(app):
     models = {m["name"]: m for m in json.loads(call(app, "list_models", {}).content[0].text)}
     shapes = models["tiny-shapes"]
