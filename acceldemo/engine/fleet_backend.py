@@ -96,16 +96,13 @@ class FleetBackend:
             own = self._by_client.get(job.client, 0)
             if job.client and share < self.settings.queue_size and own + len(bodies) > capacity + share:
                 self.stats.count(kind, Outcome.REFUSED)
-                latency = self._latency.get((request.model, request.shape)) or 1.0
                 waiting = max(0, own - capacity)
-                raise ClientQueueFull(waiting, share, waiting,
-                                      max(1, math.ceil((waiting + 1) * latency / max(capacity, 1))))
+                raise ClientQueueFull(waiting, share, waiting, self._retry_after(request, waiting, capacity))
             if in_flight + len(bodies) > capacity + self.settings.queue_size:
                 waiting = max(0, in_flight - capacity)
                 self.stats.count(kind, Outcome.REFUSED)
-                latency = self._latency.get((request.model, request.shape)) or 1.0
                 raise QueueFull(waiting, self.settings.queue_size, waiting,
-                                max(1, math.ceil((waiting + 1) * latency / max(capacity, 1))))
+                                self._retry_after(request, waiting, capacity))
             self._in_fleet[request.hardware] = in_flight + len(bodies)
             if job.client:
                 self._by_client[job.client] = own + len(bodies)
@@ -119,6 +116,12 @@ class FleetBackend:
                         del self._by_client[job.client]
 
         return run_together(job, kind, self.stats, bodies, combine, done)
+
+    def _retry_after(self, request: Request, waiting: int, capacity: int) -> int:
+        """Seconds until a replica is likely free for one more: the `waiting` ahead of it at the recent latency of its
+        model and shape, spread over the fleet's replicas."""
+        latency = self._latency.get((request.model, request.shape)) or 1.0
+        return max(1, math.ceil((waiting + 1) * latency / max(capacity, 1)))
 
     def queue_depth(self) -> int:
         with self._lock:

@@ -192,6 +192,14 @@ class Keys:
             raise Refused(401, "this key is not valid here (unknown or revoked)")
         return Caller(client or "operator", operator)
 
+    def known(self, authorization: str | None) -> Caller | None:
+        """The caller a header names, or None (no header, or one the doors refuse): for handlers behind a door that
+        already answered 401 to a bad key."""
+        try:
+            return self.caller(authorization)
+        except Refused:
+            return None
+
     def client_door(self, authorization: str | None) -> Caller:
         """A door that needs a client key when keys are set (/v1, the MCP server)."""
         found = self.caller(authorization)

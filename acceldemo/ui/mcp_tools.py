@@ -24,7 +24,7 @@ from gradio.utils import get_upload_folder
 from ..engine import Engine, ModelView
 from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, InvalidRequest, QueueFull, describe_error
 from ..records import GenerateParams, Phase, Progress
-from .keys import Keys, Refused, client_name
+from .keys import Keys, client_name
 from .openai_protocol import WARMING_RETRY_AFTER_S
 from .page import image_file
 from .watch import WatchedJob
@@ -163,11 +163,7 @@ class McpTools:
 
     def client(self, request: gr.Request | None) -> str:
         """Whose turn in line a call takes: its key's client (the MCP door let only valid keys in), else its peer."""
-        headers = request.headers if request is not None else {}
-        try:
-            caller = self.keys.caller(headers.get("authorization"))
-        except Refused:
-            caller = None
+        caller = self.keys.known(request.headers.get("authorization") if request is not None else None)
         return client_name(caller, peer=getattr(getattr(request, "client", None), "host", None))
 
     async def draw(self, params: GenerateParams, request: gr.Request | None = None) -> tuple[gr.FileData, str]:

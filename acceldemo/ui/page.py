@@ -24,7 +24,7 @@ from ..hardware import all_modes, host_kinds
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
 from ..records import EditInput, EditMethod, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
-from .keys import Keys, Refused, client_name
+from .keys import Keys, client_name
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -435,18 +435,12 @@ class Handlers:
         it, or an API call carries it."""
         if unlocked is True or not self.keys.operator_required:
             return True
-        try:
-            caller = self.keys.caller(session.headers.get("authorization") if session is not None else None)
-        except Refused:
-            return False
+        caller = self.keys.known(session.headers.get("authorization") if session is not None else None)
         return caller is not None and caller.operator
 
     def client(self, session: gr.Request | None) -> str:
         """Whose turn in line an event takes: the key its API call carries, else its browser session."""
-        try:
-            caller = self.keys.caller(session.headers.get("authorization") if session is not None else None)
-        except Refused:
-            caller = None
+        caller = self.keys.known(session.headers.get("authorization") if session is not None else None)
         return client_name(caller, session=getattr(session, "session_hash", None),
                            peer=getattr(getattr(session, "client", None), "host", None))
 
