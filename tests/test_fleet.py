@@ -188,9 +188,11 @@ def _app_env(**variables: str) -> dict[str, str]:
 
 
 def _app_on_ray(address: str, **variables: str) -> tuple[int, list[str], str]:
-    """app.py --ray `address`: its exit status, its `error:` lines and all it wrote to stderr."""
-    done = subprocess.run([sys.executable, "app.py", "--ray", address, "--port", "1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=_app_env(**variables), stdin=subprocess.DEVNULL)
+    """app.py --ray `address`: its exit status, its `error:` lines and all it wrote to stderr. In a private network
+    namespace, as everything that starts Ray here: its driver binds listeners of its own."""
+    done = subprocess.run(in_private_network_command([sys.executable, "app.py", "--ray", address, "--port", "1"]),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=_app_env(**variables),
+                          stdin=subprocess.DEVNULL)
     return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error:")], done.stderr
 
 
