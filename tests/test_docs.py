@@ -104,3 +104,36 @@ def test_readme_is_short_and_starts_with_the_two_commands():
 def test_readme_links_every_page():
     text = README.read_text()
     assert not [path.name for path in pages() if f"docs/{path.name}" not in text]
+
+
+# The hardware flavours the Hub's Spaces configuration reference accepts for `suggested_hardware`.
+SPACE_HARDWARE = {"cpu-basic", "cpu-upgrade", "t4-small", "t4-medium", "l4x1", "l4x4", "a10g-small", "a10g-large",
+                  "a10g-largex2", "a10g-largex4", "a100-large", "v5e-1x1", "v5e-2x2", "v5e-2x4"}
+
+
+def test_the_space_front_matter_builds_the_space_this_checkout_runs_as():
+    """A Gradio Space reads README.md's front matter: the Gradio it installs, the Python it runs (3.10 when unset, which
+    this package refuses), how long start-up may take before the Space is marked failed (30 minutes when unset, less
+    than a compiled warm-up of a real model can take)."""
+    import tomllib
+
+    import yaml
+    from packaging.specifiers import SpecifierSet
+
+    text = README.read_text()
+    assert text.startswith("---\n")
+    front = yaml.safe_load(text.split("---\n", 2)[1])
+    pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert (front["sdk"], front["sdk_version"]) == ("gradio", pins["gradio"])
+    assert front["app_file"] == "app.py" and (ROOT / "app.py").exists()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # A string: unquoted, YAML reads 3.10 as the number 3.1.
+    assert isinstance(front["python_version"], str)
+    assert front["python_version"] in SpecifierSet(project["requires-python"])
+    assert f"FROM python:{front['python_version']}-slim" in (ROOT / "Dockerfile").read_text()
+    assert front["suggested_hardware"] in SPACE_HARDWARE
+    timeout = re.fullmatch(r"(\d+)([mh])", front["startup_duration_timeout"])
+    assert timeout and int(timeout[1]) * {"m": 1, "h": 60}[timeout[2]] > 30
+    assert front["license"].lower() == project["license"].lower()
+    assert len(front["short_description"]) <= 60
