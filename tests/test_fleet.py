@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,13 @@ class EnginesFleet:
         self.started = threading.Semaphore(0)
         self.lose = False
         self.runs = 0
+        self.seeds: list[int] = []  # of the images run, in the order they were run
 
     def capacity(self, hardware: str) -> int:
         return len(self.engines) if hardware == "cpu" else 0
+
+    def dispatch_window(self, hardware: str) -> int:
+        return self.capacity(hardware)  # as a fleet of fixed replicas
 
     def devices_per_replica(self, hardware: str) -> int:
         return 1 if hardware == "cpu" else 0  # one CPU core each, as a Ray replica of num_cpus=1
@@ -53,6 +58,7 @@ class EnginesFleet:
                 self.lock.wait()
             index = self.free.pop()
             self.runs += 1
+            self.seeds.append(request.seed)
         try:
             def progress(value: Progress) -> None:
                 if value.phase is Phase.DENOISE and value.step == 1:
@@ -121,6 +127,26 @@ def test_on_a_fleet_one_clients_requests_in_flight_stop_at_the_replicas_plus_its
     fleet.hold.set()
     assert all(job.result(60).images[0].size == (64, 64) for job in (*alice, bob))
     assert engine.submit(engine.check(_params(seed=11)), client="alice").result(60).images  # its share back
+
+
+def test_on_a_fleet_clients_take_turns_in_the_engines_line(fleet_engine):
+    engine, fleet = fleet_engine(size=1, queue_size=8)
+    fleet.hold.clear()
+    alice = [engine.submit(engine.check(_params(seed=i)), client="alice") for i in range(3)]  # 1 drawing, 2 waiting
+    assert fleet.started.acquire(timeout=60)
+    told: list[Progress] = []
+    bob = engine.submit(engine.check(_params(seed=10)), told.append, client="bob")
+    assert engine.snapshot().queue_depth == 3 and fleet.runs == 1  # the fleet has its window's one; the line the rest
+    deadline = time.monotonic() + 30
+    while not told and time.monotonic() < deadline:  # a waiting request is told its place within a poll of the line
+        time.sleep(0.05)
+    assert [p.message for p in told if p.phase is Phase.QUEUE] == ["1st in line for the fleet's cpu replicas"]
+    fleet.hold.set()
+    results = [job.result(60) for job in (*alice, bob)]
+    assert all(result.images[0].size == (64, 64) for result in results)
+    assert fleet.seeds == [0, 10, 1, 2]  # bob's one request before alice's second and third
+    assert results[3].queue_wait > 0 and results[3].seconds > results[3].queue_wait
+    assert engine.snapshot().queue_depth == 0
 
 
 def test_a_full_fleet_line_is_refused_with_a_retry_after(fleet_engine):

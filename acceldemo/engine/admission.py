@@ -53,6 +53,8 @@ class Ticket:
     client: str = ""
     # Its turn: the line's turn when it entered, or one past its client's previous ticket's, whichever is later.
     turn: int = 0
+    # What it waits for, as a person reads it ("" : its device sets, e.g. `cpu:0 or cpu:1`).
+    place_name: str = ""
     leader: Ticket | None = None
     riders: list[Ticket] = field(default_factory=list)
     outcome: Future = field(default_factory=Future)
@@ -69,6 +71,8 @@ class Ticket:
             self.outcome.set_result(outcome)
 
     def where(self) -> str:
+        if self.place_name:
+            return self.place_name
         if len(self.candidates) <= 3:
             return " or ".join(map(str, self.candidates))
         return f"{self.candidates[0].hardware} (any of {len(self.candidates)} device sets)"
@@ -115,17 +119,19 @@ class Line:
     def reenter(self, ticket: Ticket, candidates: Sequence[DeviceSet]) -> Ticket:
         """A new ticket for an admitted request whose replica was lost: the same request, at the end of the line."""
         return self.enter_together(ticket.what, candidates, 1, ticket.preference, True, ticket.sharing,
-                                   [ticket.payload], ticket.client)[0]
+                                   [ticket.payload], ticket.client, ticket.place_name)[0]
 
     def enter_together(self, what: str, candidates: Sequence[DeviceSet], count: int,
                        preference: Callable[[DeviceSet], int] = lambda devices: 0,
                        admitted: bool = False, sharing: Sharing | None = None,
-                       payloads: Sequence[object] | None = None, client: str = "") -> list[Ticket]:
+                       payloads: Sequence[object] | None = None, client: str = "",
+                       place_name: str = "") -> list[Ticket]:
         """`count` tickets of one request (its images), admitted all or none: ClientQueueFull if those that would
         wait push its client's waiting tickets past `client_limit`, else QueueFull if they push the line past its
         limit — and nothing held. With `sharing`, each may be drawn in one call with others."""
         tickets = [Ticket(next(self._numbers), what, tuple(candidates), preference, sharing=sharing,
-                          payload=payloads[i] if payloads else None, client=client) for i in range(count)]
+                          payload=payloads[i] if payloads else None, client=client, place_name=place_name)
+                   for i in range(count)]
         with self._changed:
             before = self._last_turn.get(client)
             for ticket in tickets:

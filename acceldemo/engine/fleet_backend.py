@@ -1,17 +1,21 @@
-"""The backend of an engine in front of a fleet (replicas on other hosts, a Ray Serve deployment): its line is the
-fleet's own queue, bounded here by the fleet's capacity plus ACCELDEMO_QUEUE_SIZE; each image runs on a replica in a
-thread of its own, counted like any request."""
+"""The backend of an engine in front of a fleet (replicas on other hosts, a Ray Serve deployment): the engine's line
+(`Line`, the same as on local devices) holds the images until the fleet has room for them (its dispatch window), so
+clients take turns there and ACCELDEMO_QUEUE_SIZE and ACCELDEMO_CLIENT_QUEUE bound it; each image then runs on a
+replica in a thread of its own, counted like any request."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from ..config import Settings
-from ..errors import ClientQueueFull, InvalidRequest, QueueFull
+from ..errors import InvalidRequest, QueueFull
 from ..hardware import HardwareRegistry
-from ..records import GenerateResult, ProgressCallback, Request, Shape, placement_label
+from ..records import DeviceSet, GenerateResult, ProgressCallback, Request, Shape, placement_label
+from .admission import Line, Ticket
 from .jobs import Job, Running, of_image, run_together
 from .ledger import CompiledShape
 from .stats import EngineStats, Kind, Outcome
@@ -24,6 +28,10 @@ class Fleet(Protocol):
 
     def capacity(self, hardware: str) -> int:
         """Replicas of `hardware` the fleet may run at once (its autoscaling maximum): requests beyond them wait."""
+
+    def dispatch_window(self, hardware: str) -> int:
+        """Images of `hardware` to have with the fleet at once: its replicas' worth, or as many as its autoscaler must
+        see queued to scale to its maximum. The engine's line holds the others, taking turns across clients."""
 
     def devices_per_replica(self, hardware: str) -> int:
         """Devices (GPUs, NeuronCores, chips, CPU cores) each replica of `hardware` holds: the most ranks one
@@ -46,38 +54,50 @@ class FleetBackend:
 
     def __init__(self, settings: Settings, hardware: HardwareRegistry, fleet: Fleet, stats: EngineStats):
         self.settings, self.hardware, self.fleet, self.stats = settings, hardware, fleet, stats
-        # Images sent to the fleet and not yet answered, by hardware.
-        self._in_fleet: dict[str, int] = {}
-        # And by client (Ray Serve orders them; each client's are capped at the replicas plus its share of the line).
-        self._by_client: dict[str, int] = {}
+        # Its devices are the fleet's dispatch window: one slot per image it may hold at once.
+        self.line = Line(settings.queue_size, settings.device_wait_s, settings.client_queue_limit)
         self._latency: dict[tuple[str, Shape], float] = {}
         self._lock = threading.Lock()
 
     def start(self, job: Job, on_progress: ProgressCallback, started: float) -> Job:
         request = job.request
-        bodies = [lambda i=i, member=member: self._image(member, of_image(i, on_progress), job.cancelled)
+        bodies = [lambda ticket, i=i, member=member: self._image(ticket, member, of_image(i, on_progress),
+                                                                  job.cancelled)
                   for i, member in enumerate(request.members())]
-        return self._admit(job, Kind.GENERATE, bodies, lambda parts: GenerateResult.of_images(request, parts))
+        return self._admit(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", bodies,
+                           lambda parts: GenerateResult.of_images(request, parts))
 
     def start_warm_up(self, job: Job, warm: list[tuple[Request, int]], on_progress: ProgressCallback) -> Job:
         """One replica compiles each shape once (a fleet warms batch size 1); the others load its packages from the
         shared artifact store."""
         shapes = list(dict.fromkeys(one for one, _ in warm))
-        return self._admit(job, Kind.WARMUP, [lambda: self.fleet.warm_up(job.request, shapes)],
+
+        def warm_up(ticket: Ticket) -> list[CompiledShape]:
+            self.line.wait(ticket, on_progress, job.cancelled)
+            return self.fleet.warm_up(job.request, shapes)
+
+        return self._admit(job, Kind.WARMUP, f"warm-up · {job.request.model} · {job.request.mode}", [warm_up],
                            lambda parts: parts[0])
 
-    def _image(self, request: Request, on_progress: ProgressCallback, cancelled: Callable[[], bool]):
+    def _image(self, ticket: Ticket, request: Request, on_progress: ProgressCallback,
+               cancelled: Callable[[], bool]) -> GenerateResult:
+        """Once the ticket's turn has come and the fleet has room: the image, drawn by one of its replicas."""
+        began = time.perf_counter()
+        self.line.wait(ticket, on_progress, cancelled)
+        waited = time.perf_counter() - began  # in this line: the replica counts its own queue's wait
         result = self.fleet.run(request, on_progress, cancelled)
+        result = dataclasses.replace(result, seconds=result.seconds + waited, queue_wait=result.queue_wait + waited)
         self.stats.observe(result)
         with self._lock:
             self._latency[(request.model, request.shape)] = \
                 result.seconds - result.queue_wait - result.load_seconds
         return result
 
-    def _admit(self, job: Job, kind: Kind, bodies: list[Callable[[], object]],
+    def _admit(self, job: Job, kind: Kind, what: str, bodies: list[Callable[[Ticket], object]],
                combine: Callable[[list], object]) -> Job:
-        """Admitted while the fleet's replicas plus ACCELDEMO_QUEUE_SIZE places hold every body, all or none;
-        refused with QueueFull (counted) otherwise."""
+        """One ticket per body in the line, all or none (a refusal counted: QueueFull past ACCELDEMO_QUEUE_SIZE,
+        ClientQueueFull past the client's share); each body runs in a thread of its own once its ticket has a place
+        in the fleet's dispatch window."""
         request = job.request
         if request.devices is not None:
             self.stats.count(kind, Outcome.INVALID)
@@ -89,33 +109,17 @@ class FleetBackend:
             raise InvalidRequest("placement", placement_label(request.placement, request.tp_size, request.cp_size),
                                  f"a placement of at most {held} rank(s): each replica of this fleet holds {held} "
                                  f"{request.hardware} device(s)")
-        capacity = self.fleet.capacity(request.hardware)
-        share = self.settings.client_queue_limit
-        with self._lock:
-            in_flight = self._in_fleet.get(request.hardware, 0)
-            own = self._by_client.get(job.client, 0)
-            if job.client and share < self.settings.queue_size and own + len(bodies) > capacity + share:
-                self.stats.count(kind, Outcome.REFUSED)
-                waiting = max(0, own - capacity)
-                raise ClientQueueFull(waiting, share, waiting, self._retry_after(request, waiting, capacity))
-            if in_flight + len(bodies) > capacity + self.settings.queue_size:
-                waiting = max(0, in_flight - capacity)
-                self.stats.count(kind, Outcome.REFUSED)
-                raise QueueFull(waiting, self.settings.queue_size, waiting,
-                                self._retry_after(request, waiting, capacity))
-            self._in_fleet[request.hardware] = in_flight + len(bodies)
-            if job.client:
-                self._by_client[job.client] = own + len(bodies)
-
-        def done(_: int) -> None:
-            with self._lock:
-                self._in_fleet[request.hardware] -= 1
-                if job.client:
-                    self._by_client[job.client] -= 1
-                    if not self._by_client[job.client]:
-                        del self._by_client[job.client]
-
-        return run_together(job, kind, self.stats, bodies, combine, done)
+        window = [DeviceSet(request.hardware, (slot,)) for slot in range(self.fleet.dispatch_window(request.hardware))]
+        try:
+            tickets = self.line.enter_together(what, window, len(bodies), client=job.client,
+                                               place_name=f"the fleet's {request.hardware} replicas")
+        except QueueFull as full:  # the line's limit, or the client's share of it (ClientQueueFull)
+            self.stats.count(kind, Outcome.REFUSED)
+            raise type(full)(full.waiting, full.limit, full.ahead,
+                             self._retry_after(request, full.ahead, self.fleet.capacity(request.hardware))) from None
+        return run_together(job, kind, self.stats,
+                            [lambda body=body, ticket=ticket: body(ticket) for body, ticket in zip(bodies, tickets)],
+                            combine, lambda i: self.line.release(tickets[i]))
 
     def _retry_after(self, request: Request, waiting: int, capacity: int) -> int:
         """Seconds until a replica is likely free for one more: the `waiting` ahead of it at the recent latency of its
@@ -124,8 +128,11 @@ class FleetBackend:
         return max(1, math.ceil((waiting + 1) * latency / max(capacity, 1)))
 
     def queue_depth(self) -> int:
-        with self._lock:
-            return sum(max(0, n - self.fleet.capacity(hw)) for hw, n in self._in_fleet.items())
+        """Images waiting: in the engine's line, and those with the fleet beyond its replicas (in its own queue)."""
+        sent: dict[str, int] = {}
+        for hardware, _ in self.line.running():
+            sent[hardware] = sent.get(hardware, 0) + 1
+        return len(self.line.waiting()) + sum(max(0, n - self.fleet.capacity(hw)) for hw, n in sent.items())
 
     def busy_devices(self) -> int:
         return 0  # the fleet's devices are its replicas' hosts'

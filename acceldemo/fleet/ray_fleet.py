@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -109,8 +110,10 @@ class RayFleet:
 
     Routing: Serve's model multiplexing with `ShapeRouter` (a free replica holding the pipeline at the request's
     shape first, else the least loaded). Placement: each replica asks Ray for one device set (`num_gpus`,
-    `neuron_cores`, `TPU`, or CPU cores). Back-pressure: one image at a time per replica (max_ongoing_requests=1),
-    at most replicas + ACCELDEMO_QUEUE_SIZE images queued at this handle; the engine refuses beyond the same limit.
+    `neuron_cores`, `TPU`, or CPU cores). Back-pressure: one image at a time per replica (max_ongoing_requests=1);
+    the engine's line sends this handle at most its dispatch window (the replicas, or with autoscaling the maximum
+    replicas × target_ongoing_requests, what the autoscaler must see to scale to its maximum) and holds the others,
+    taking turns across clients.
     """
 
     def __init__(self, settings: Settings, cpus_per_replica: float = 1.0, model: str | None = None):
@@ -141,21 +144,22 @@ class RayFleet:
         self.found, self.hardware, replicas, self._capacity = plan.found, plan.hardware, plan.replicas, plan.capacity
         self._devices = plan.devices_per_replica
         autoscaling = dict(settings.ray_autoscaling)
+        try:
+            scaling = AutoscalingConfig(**autoscaling) if autoscaling else None
+        except (TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+            raise ValueError(f"ACCELDEMO_RAY_AUTOSCALING is not Ray Serve's autoscaling config: {error}") from None
+        self._window = self._capacity * (math.ceil(scaling.target_ongoing_requests) if scaling else 1)
         self.deployment = f"pipelines-{self.hardware}"
         serve.start(http_options={"location": "NoServer"})
         options = dict(
-            name=self.deployment, max_ongoing_requests=1,
-            max_queued_requests=settings.queue_size + self._capacity,
+            name=self.deployment, max_ongoing_requests=1, max_queued_requests=self._window,
             ray_actor_options=plan.actor_options,
             request_router_config=RequestRouterConfig(request_router_class=ShapeRouter,
                                                       request_router_kwargs={"deployment": self.deployment},
                                                       request_routing_stats_period_s=1.0),
             health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0)
-        if autoscaling:
-            try:
-                options["autoscaling_config"] = AutoscalingConfig(**autoscaling)
-            except (TypeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
-                raise ValueError(f"ACCELDEMO_RAY_AUTOSCALING is not Ray Serve's autoscaling config: {error}") from None
+        if scaling:
+            options["autoscaling_config"] = scaling
         else:
             options["num_replicas"] = replicas
         deployment = serve.deployment(PipelineReplica).options(**options)
@@ -170,6 +174,9 @@ class RayFleet:
 
     def capacity(self, hardware: str) -> int:
         return self._capacity if hardware == self.hardware else 0
+
+    def dispatch_window(self, hardware: str) -> int:
+        return self._window if hardware == self.hardware else 0
 
     def devices_per_replica(self, hardware: str) -> int:
         return self._devices if hardware == self.hardware else 0
