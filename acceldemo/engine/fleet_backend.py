@@ -8,6 +8,7 @@ import dataclasses
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -129,9 +130,7 @@ class FleetBackend:
 
     def queue_depth(self) -> int:
         """Images waiting: in the engine's line, and those with the fleet beyond its replicas (in its own queue)."""
-        sent: dict[str, int] = {}
-        for hardware, _ in self.line.running():
-            sent[hardware] = sent.get(hardware, 0) + 1
+        sent = Counter(hardware for hardware, _ in self.line.running())
         return len(self.line.waiting()) + sum(max(0, n - self.fleet.capacity(hw)) for hw, n in sent.items())
 
     def busy_devices(self) -> int:
