@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..config import Settings
-from ..errors import InvalidRequest, QueueFull
+from ..errors import InvalidRequest
 from ..hardware import HardwareRegistry
 from ..records import DeviceSet, GenerateResult, ProgressCallback, Request, Shape, placement_label
 from .admission import Line, Ticket
-from .jobs import Job, Running, of_image, run_together
+from .jobs import Job, Running, admit, of_image
 from .ledger import CompiledShape
 from .stats import EngineStats, Kind, Outcome
 from .views import DeviceView, ReplicaView
@@ -111,16 +111,11 @@ class FleetBackend:
                                  f"a placement of at most {held} rank(s): each replica of this fleet holds {held} "
                                  f"{request.hardware} device(s)")
         window = [DeviceSet(request.hardware, (slot,)) for slot in range(self.fleet.dispatch_window(request.hardware))]
-        try:
-            tickets = self.line.enter_together(what, window, len(bodies), client=job.client,
-                                               place_name=f"the fleet's {request.hardware} replicas")
-        except QueueFull as full:  # the line's limit, or the client's share of it (ClientQueueFull)
-            self.stats.count(kind, Outcome.REFUSED)
-            raise type(full)(full.waiting, full.limit, full.ahead,
-                             self._retry_after(request, full.ahead, self.fleet.capacity(request.hardware))) from None
-        return run_together(job, kind, self.stats,
-                            [lambda body=body, ticket=ticket: body(ticket) for body, ticket in zip(bodies, tickets)],
-                            combine, lambda i: self.line.release(tickets[i]))
+        capacity = self.fleet.capacity(request.hardware)
+        return admit(job, kind, self.stats, self.line,
+                     lambda: self.line.enter_together(what, window, len(bodies), client=job.client,
+                                                      place_name=f"the fleet's {request.hardware} replicas"),
+                     bodies, combine, lambda ahead: self._retry_after(request, ahead, capacity))
 
     def _retry_after(self, request: Request, waiting: int, capacity: int) -> int:
         """Seconds until a replica is likely free for one more: the `waiting` ahead of it at the recent latency of its

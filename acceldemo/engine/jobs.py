@@ -11,8 +11,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import AcceldemoError, Cancelled, GenerationFailed, describe_error
+from ..errors import AcceldemoError, Cancelled, GenerationFailed, QueueFull, describe_error
 from ..records import ProgressCallback, Request
+from .admission import Line, Ticket
 from .stats import EngineStats, Kind, Outcome, outcome_of
 from .views import DeviceView, PipelineView, ReplicaView
 
@@ -95,6 +96,25 @@ def run_together(job: Job, kind: Kind, stats: EngineStats, bodies: list[Callable
     for i, body in enumerate(bodies):
         threading.Thread(target=run, args=(i, body), name=f"{kind}-{i}", daemon=True).start()
     return job
+
+
+def admit(job: Job, kind: Kind, stats: EngineStats, line: Line, enter: Callable[[], list[Ticket]],
+          bodies: list[Callable[[Ticket], object]], combine: Callable[[list], object],
+          retry_after: Callable[[int], int]) -> Job:
+    """A backend's admission: `enter()` takes one ticket per body from the line, all or none. A refusal is counted
+    and raised; a full line (QueueFull, or the client's ClientQueueFull) again with `retry_after(ahead)`, the backend's
+    own estimate. Then each `body(ticket)` runs in a thread of its own (`run_together`), its ticket released after it
+    (a no-op where the body released it; it frees one whose body never started)."""
+    try:
+        tickets = enter()
+    except QueueFull as full:
+        stats.count(kind, Outcome.REFUSED)
+        raise type(full)(full.waiting, full.limit, full.ahead, retry_after(full.ahead)) from None
+    except AcceldemoError as error:
+        stats.count(kind, outcome_of(error))
+        raise
+    runs = [lambda body=body, ticket=ticket: body(ticket) for body, ticket in zip(bodies, tickets, strict=True)]
+    return run_together(job, kind, stats, runs, combine, lambda i: line.release(tickets[i]))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from ..config import Settings
-from ..errors import AcceldemoError, Cancelled, GenerationFailed, QueueFull, describe_error
+from ..errors import AcceldemoError, Cancelled, GenerationFailed, describe_error
 from ..executors.artifacts import ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
@@ -20,10 +20,10 @@ from ..records import Batch, DeviceSet, GenerateResult, Phase, Progress, Replica
 from .admission import Line, Ticket
 from .batching import BatchPolicy, Member, together
 from .compile_times import CompileClock, CompileTimes, compile_kind
-from .jobs import Job, Running, never, of_image, run_together
+from .jobs import Job, Running, admit, never, of_image
 from .ledger import CompiledShape, ShapeLedger
 from .residency import Residency
-from .stats import EngineStats, Kind, Outcome, outcome_of
+from .stats import EngineStats, Kind, outcome_of
 from .supervision import Replica, Supervisor
 from .validation import local_devices
 from .views import DeviceView, PipelineView, ReplicaView
@@ -61,7 +61,7 @@ class LocalBackend:
 
         return self._admit(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
                            [image] * len(members), lambda parts: GenerateResult.of_images(request, parts),
-                           started, self.batching.sharing(request), members)
+                           self.batching.sharing(request), members)
 
     def start_warm_up(self, job: Job, warm: list[tuple[Request, int]], on_progress) -> Job:
         """Every replica (or the request's own device), one after the other: the first compiles each shape, the
@@ -94,30 +94,19 @@ class LocalBackend:
                                                    warm_replica)
             return records
 
-        return self._admit(job, Kind.WARMUP, what, candidates[:1], [every_replica], lambda parts: parts[0],
-                           admitted)
+        return self._admit(job, Kind.WARMUP, what, candidates[:1], [every_replica], lambda parts: parts[0])
 
     def _admit(self, job: Job, kind: Kind, what: str, candidates: list[DeviceSet],
-               bodies: list[Callable[[Ticket], object]], combine: Callable[[list], object], started: float,
-               sharing=None, members: list[Member] | None = None) -> Job:
+               bodies: list[Callable[[Ticket], object]], combine: Callable[[list], object], sharing=None,
+               members: list[Member] | None = None) -> Job:
         """Enter the line now with one ticket per body, all or none (counting a refusal) — with `sharing`, each
         ticket carrying its member, to be drawn in one call with others —; then run each `body(ticket)` in a thread
         of its own (`run_together`)."""
-        try:
-            tickets = self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
-                                               self._preference(job.request), sharing=sharing, payloads=members,
-                                               client=job.client)
-        except QueueFull as full:  # the line's limit, or the client's share of it (ClientQueueFull)
-            self.stats.count(kind, Outcome.REFUSED)
-            raise type(full)(full.waiting, full.limit, full.ahead,
-                             self._retry_after(job.request, full.ahead, candidates)) from None
-        except AcceldemoError as error:
-            self.stats.count(kind, outcome_of(error))
-            raise
-        # release() is a no-op after attempt() released the ticket; it frees one whose body never started.
-        return run_together(job, kind, self.stats,
-                            [lambda body=body, ticket=ticket: body(ticket) for body, ticket in zip(bodies, tickets)],
-                            combine, lambda i: self.line.release(tickets[i]))
+        return admit(job, kind, self.stats, self.line,
+                     lambda: self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
+                                                      self._preference(job.request), sharing=sharing,
+                                                      payloads=members, client=job.client),
+                     bodies, combine, lambda ahead: self._retry_after(job.request, ahead, candidates))
 
     def _retry_after(self, request: Request, ahead: int, candidates: list[DeviceSet]) -> int:
         """Seconds until a device this request could use is likely free: the requests ahead of it for those devices
