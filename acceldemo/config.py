@@ -274,6 +274,17 @@ def cache_dir_note(settings: Settings, environ: dict[str, str] | None = None, da
     return f"cache directory {settings.cache_dir} ({why})"
 
 
+def zero_gpu_note(environ: dict[str, str] | None = None) -> str | None:
+    """A warning for the start-up log on ZeroGPU hardware (SPACES_ZERO_GPU true, as the `spaces` package reads it:
+    1, t or true in any case), which this app does not use yet; None elsewhere."""
+    env = os.environ if environ is None else environ
+    if env.get("SPACES_ZERO_GPU", "").strip().lower() not in ("1", "t", "true"):
+        return None
+    return ("SPACES_ZERO_GPU is set, but this app does not support ZeroGPU yet: it never asks the platform for a GPU "
+            "(@spaces.GPU), so it finds no CUDA device and draws on the CPU. Give the Space CPU or GPU hardware "
+            "instead (docs/operations.md, Hugging Face Spaces)")
+
+
 JSON_EXAMPLES = {"ACCELDEMO_RAY_AUTOSCALING": '{"min_replicas": 0, "max_replicas": 4}',
                  "ACCELDEMO_ARTIFACTS_OPTIONS": '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'}
 

@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 
-from ..config import Settings, cache_dir_note, per_hardware, store_url
+from ..config import Settings, cache_dir_note, per_hardware, store_url, zero_gpu_note
 from ..errors import AcceldemoError, UnknownName
 from .common import HelpFormatter
 
@@ -129,6 +129,8 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log.info(cache_dir_note(settings))
+    if note := zero_gpu_note():
+        log.warning(note)
     import uvicorn
 
     from ..builder import build_engine
