@@ -1,12 +1,16 @@
 """Test set-up: a private app cache and a fast CPU compile backend, set before acceldemo is imported."""
+import atexit
 import os
+import shutil
 import tempfile
 
 # The app reads these when it is imported; tests must never touch a user's cache. Each pytest-xdist worker gets a
-# cache of its own (the workers inherit the controller's environment): tests count compiles and cache hits.
+# cache of its own (the workers inherit the controller's environment): tests count compiles and cache hits. The
+# process that made one removes it when it exits.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER or "ACCELDEMO_CACHE_DIR" not in os.environ:
     os.environ["ACCELDEMO_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"acceldemo-test-cache-{_WORKER or 'main'}-")
+    atexit.register(shutil.rmtree, os.environ["ACCELDEMO_CACHE_DIR"], True)
 # aot_eager goes through dynamo and AOTAutograd like inductor but compiles in seconds; the tests
 # marked `inductor` use the real backend.
 os.environ.setdefault("ACCELDEMO_CPU_COMPILE_BACKEND", "aot_eager")
