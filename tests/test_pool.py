@@ -307,6 +307,7 @@ def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothin
     first = manager.generate(request)
     executor = manager.backend.executor.executor_for(first.key)
     channels = [executor.health()[0].channel]
+    assert os.path.isdir(os.path.join(os.path.dirname(channels[0]), "torchelastic"))  # torchrun's logs: the pool's
 
     def signal_rank_1_at_step_2(sig):
         victim = executor.health()[0].ranks[1].pid
@@ -337,6 +338,7 @@ def test_dead_or_hung_rank_fails_the_request_then_a_fresh_pool_serves_and_nothin
     assert executor.health() == []
     for channel in channels:
         assert wait_until_gone(channel, 10) == [], channel
+        assert not os.path.exists(os.path.dirname(channel)), channel  # its folder, torchrun's logs with it
 
 
 @pytest.mark.slow

@@ -105,9 +105,11 @@ class _Pool:
                "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
         self.folder = tempfile.mkdtemp(prefix="acceldemo-pool-")  # mode 0700: only this user reaches the socket
         self.address = address = os.path.join(self.folder, "rank0.sock")
+        # torchrun's per-run folder goes in the pool's own (torch's default is a fresh /tmp/torchelastic_* that nothing
+        # removes): it goes with the pool when it stops.
         command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={per_node}",
-                   "-m", "acceldemo.executors.worker", "--hardware", self.hardware.name,
-                   "--devices", str(self.devices), "--socket", address]
+                   f"--log-dir={os.path.join(self.folder, 'torchelastic')}", "-m", "acceldemo.executors.worker",
+                   "--hardware", self.hardware.name, "--devices", str(self.devices), "--socket", address]
         with open(os.path.join(self.folder, "torchrun.log"), "wb") as log_file:
             # Its own session: a Ctrl-C at the app's terminal reaches the app, which stops the pool in order.
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
