@@ -111,11 +111,11 @@ class FleetBackend:
                                  f"a placement of at most {held} rank(s): each replica of this fleet holds {held} "
                                  f"{request.hardware} device(s)")
         window = [DeviceSet(request.hardware, (slot,)) for slot in range(self.fleet.dispatch_window(request.hardware))]
-        capacity = self.fleet.capacity(request.hardware)
         return admit(job, kind, self.stats, self.line,
                      lambda: self.line.enter_together(what, window, len(bodies), client=job.client,
                                                       place_name=f"the fleet's {request.hardware} replicas"),
-                     bodies, combine, lambda ahead: self._retry_after(request, ahead, capacity))
+                     bodies, combine,
+                     lambda ahead: self._retry_after(request, ahead, self.fleet.capacity(request.hardware)))
 
     def _retry_after(self, request: Request, waiting: int, capacity: int) -> int:
         """Seconds until a replica is likely free for one more: the `waiting` ahead of it at the recent latency of its

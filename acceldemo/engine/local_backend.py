@@ -101,7 +101,7 @@ class LocalBackend:
                members: list[Member] | None = None) -> Job:
         """Enter the line now with one ticket per body, all or none (counting a refusal) — with `sharing`, each
         ticket carrying its member, to be drawn in one call with others —; then run each `body(ticket)` in a thread
-        of its own (`run_together`)."""
+        of its own (`jobs.admit`)."""
         return admit(job, kind, self.stats, self.line,
                      lambda: self.line.enter_together(what, self.supervisor.usable(candidates), len(bodies),
                                                       self._preference(job.request), sharing=sharing,
