@@ -176,6 +176,12 @@ class Settings:
     # Whether the app is also a Model Context Protocol server (Gradio's, at /gradio_api/mcp/): its tools are
     # acceldemo/ui/mcp_tools.py's. Off by default: an MCP client is one more door a person must mean to open.
     mcp: bool = False
+    # ZeroGPU (hardware/zerogpu.py, on with SPACES_ZERO_GPU): the slice each draw asks for (large: half an H200;
+    # xlarge: a whole one), and the seconds a draw asks for before this model, shape and batch have a measured step
+    # time (the platform's own default is 60); after that: steps x the step time measured, plus the margin.
+    zero_gpu_size: str = "large"
+    zero_gpu_first_s: float = 60.0
+    zero_gpu_margin_s: float = 10.0
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> Settings:
@@ -227,6 +233,9 @@ class Settings:
             result_cache=bounded("ACCELDEMO_RESULT_CACHE", 32 if text("SPACE_ID") else 0, 0, 10_000, int),
             download=switch("ACCELDEMO_DOWNLOAD", bool(text("SPACE_ID")) and not text("HF_HUB_OFFLINE")),
             mcp=switch("ACCELDEMO_MCP", False),
+            zero_gpu_size=choice("ACCELDEMO_ZEROGPU_SIZE", "large", ("large", "xlarge")),
+            zero_gpu_first_s=bounded("ACCELDEMO_ZEROGPU_FIRST_S", 60.0, 1, 1500),
+            zero_gpu_margin_s=bounded("ACCELDEMO_ZEROGPU_MARGIN_S", 10.0, 0, 600),
         )
 
     @property
@@ -272,17 +281,6 @@ def cache_dir_note(settings: Settings, environ: dict[str, str] | None = None, da
     else:
         why = f"{data} is absent or not writable: no persistent volume, caches live in the home folder"
     return f"cache directory {settings.cache_dir} ({why})"
-
-
-def zero_gpu_note(environ: dict[str, str] | None = None) -> str | None:
-    """A warning for the start-up log on ZeroGPU hardware (SPACES_ZERO_GPU true, as the `spaces` package reads it:
-    1, t or true in any case), which this app does not use yet; None elsewhere."""
-    env = os.environ if environ is None else environ
-    if env.get("SPACES_ZERO_GPU", "").strip().lower() not in ("1", "t", "true"):
-        return None
-    return ("SPACES_ZERO_GPU is set, but this app does not support ZeroGPU yet: it never asks the platform for a GPU "
-            "(@spaces.GPU), so it finds no CUDA device and draws on the CPU. Give the Space CPU or GPU hardware "
-            "instead (docs/operations.md, Hugging Face Spaces)")
 
 
 JSON_EXAMPLES = {"ACCELDEMO_RAY_AUTOSCALING": '{"min_replicas": 0, "max_replicas": 4}',

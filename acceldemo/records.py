@@ -566,6 +566,23 @@ class CacheUse:
 
 
 @dataclass(frozen=True)
+class GpuLease:
+    """A GPU a platform lent one pipeline call (ZeroGPU): the slice, the seconds asked for, the seconds from asking to
+    the result, the seconds of those the pipeline call itself took (the rest is the lending: scheduling, a fork, the
+    move to the GPU, the pipe), and the process it ran in."""
+
+    size: str
+    asked_seconds: int
+    used_seconds: float
+    call_seconds: float
+    pid: int
+
+    def facts(self) -> dict[str, Any]:
+        return {"size": self.size, "asked_seconds": self.asked_seconds, "used_seconds": round(self.used_seconds, 4),
+                "lending_seconds": round(self.used_seconds - self.call_seconds, 4)}
+
+
+@dataclass(frozen=True)
 class RunOutput:
     """What an executor returns for one pipeline call, before the engine adds its bookkeeping."""
 
@@ -589,6 +606,8 @@ class RunOutput:
     weight_bytes: int = 0
     # Seconds rank 0 had a collective in flight (launch to completion, waits included), when the call was profiled.
     collective_seconds: float | None = None
+    # The GPU lent for this call (ZeroGPU), None on a device this host holds.
+    gpu_lease: GpuLease | None = None
 
 
 @dataclass(frozen=True)
@@ -626,6 +645,7 @@ class GenerateResult:
     # What happened to precompiled packages in its call (RunOutput.package_events: built, loaded, fetched, rejected,
     # and each refusal of the shared store's by its reason, e.g. bad_signature).
     package_events: dict[str, int] = field(default_factory=dict)
+    gpu_lease: GpuLease | None = None
 
     @property
     def image(self):
@@ -650,7 +670,8 @@ class GenerateResult:
             batch=max(p.batch for p in parts), call=first.call, cache=first.cache,
             denoise_seconds=first.denoise_seconds, weight_bytes=first.weight_bytes,
             from_cache=all(p.from_cache for p in parts),
-            package_events=dict(sum((Counter(p.package_events) for p in calls), Counter())))
+            package_events=dict(sum((Counter(p.package_events) for p in calls), Counter())),
+            gpu_lease=first.gpu_lease)
 
     def facts(self, image: int = 0) -> dict[str, Any]:
         """The result as plain JSON-able values (for CLI --json, the HTTP API and logs); for a request of several
@@ -677,4 +698,5 @@ class GenerateResult:
             "quantization": str(r.quantization), "weight_bytes": self.weight_bytes,
             "denoise_seconds": None if self.denoise_seconds is None else round(self.denoise_seconds, 4),
             "from_cache": self.from_cache, "packages": dict(self.package_events),
+            "zero_gpu": self.gpu_lease.facts() if self.gpu_lease else None,
         }

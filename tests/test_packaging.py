@@ -95,18 +95,6 @@ def test_an_operator_cache_folder_wins(tmp_path):
         "(set by ACCELDEMO_CACHE_DIR)")
 
 
-def test_on_zerogpu_hardware_the_start_up_log_says_the_app_draws_on_the_cpu():
-    from acceldemo.config import zero_gpu_note
-
-    # The values the spaces package itself takes as on (spaces/config.py: 1, t or true in any case), and some it does not.
-    for on in ("1", "t", "true", "True", "TRUE"):
-        note = zero_gpu_note({"SPACES_ZERO_GPU": on})
-        assert note is not None and "does not support ZeroGPU yet" in note and "draws on the CPU" in note
-    for off in ("", "0", "false", "no"):
-        assert zero_gpu_note({"SPACES_ZERO_GPU": off}) is None
-    assert zero_gpu_note({}) is None
-
-
 def test_dockerfile_health_check_asks_the_health_route_without_curl():
     text = _dockerfile()
     healthcheck = text[text.index("HEALTHCHECK"):].split("\nCMD", 1)[0]

@@ -14,8 +14,9 @@ import signal
 import sys
 import tempfile
 
-from ..config import Settings, cache_dir_note, per_hardware, store_url, zero_gpu_note
+from ..config import Settings, cache_dir_note, per_hardware, store_url
 from ..errors import AcceldemoError, UnknownName
+from ..hardware.zerogpu import POOL_REFUSAL, zero_gpu_on
 from .common import HelpFormatter
 
 log = logging.getLogger("acceldemo.server")
@@ -129,8 +130,13 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log.info(cache_dir_note(settings))
-    if note := zero_gpu_note():
-        log.warning(note)
+    if zero_gpu_on():
+        if settings.ray_address:
+            return _refuse(f"--ray on ZeroGPU (SPACES_ZERO_GPU is set): {POOL_REFUSAL}")
+        if any(count > 1 for count in settings.replicas.values()):
+            return _refuse(f"--replicas on ZeroGPU (SPACES_ZERO_GPU is set): {POOL_REFUSAL}")
+        log.info("ZeroGPU: each draw asks the platform for a %s GPU slice (spaces.GPU); eager mode only",
+                 settings.zero_gpu_size)
     import uvicorn
 
     from ..builder import build_engine
@@ -159,6 +165,10 @@ def serve(args: argparse.Namespace) -> int:
     except (AcceldemoError, ValueError) as error:
         return _refuse(error)
     app = create_app(engine, warmup, args.model, auth, keys, settings.mcp)
+    if zero_gpu_on():
+        from ..executors.zerogpu import start_zero_gpu
+
+        start_zero_gpu(settings)
     log.info("serving on http://%s:%d", settings.host, settings.port)
     if settings.mcp:
         log.info("MCP server (streamable HTTP) on http://%s:%d/gradio_api/mcp/", settings.host, settings.port)

@@ -232,7 +232,8 @@ class LocalBackend:
                 preview_seconds=out.preview_seconds,
                 unknown_words=spec.unknown_words(request.prompt), note=spec.prompt_note(request.prompt),
                 node=self.node, batch=shared, call=call, cache=out.cache, denoise_seconds=out.denoise_seconds,
-                weight_bytes=out.weight_bytes, package_events=out.package_events)
+                weight_bytes=out.weight_bytes, package_events=out.package_events,
+                gpu_lease=out.gpu_lease)
             self.stats.observe(result, count_call=i == 0)
             if not member.cancelled():
                 results.append(result)

@@ -75,7 +75,8 @@ def mode_options(spec: ModelSpec, hardware: Hardware, placement: Placement | Non
     options = []
     for mode in all_modes():
         if mode not in hardware.modes:
-            reason = f"{hardware.name} does not offer it; only {', '.join(offered_by(mode))} does"
+            reason = hardware.mode_refusal(mode) or \
+                f"{hardware.name} does not offer it; only {', '.join(offered_by(mode))} does"
         elif mode is Mode.REGIONAL and not spec.repeated_blocks:
             reason = f"the {spec.title} transformer has no repeated blocks for compile_repeated_blocks"
         elif mode is Mode.COMPILED and placement is Placement.OFFLOAD:
@@ -412,6 +413,10 @@ def check_background(spec: ModelSpec, background: object) -> None:
 def check_placement(spec: ModelSpec, hardware: Hardware, placement: Placement, tp_size: object,
                     nodes: int = 1) -> int:
     """The tensor-parallel degree for this placement (1 unless tp), or why it cannot work."""
+    refusal = hardware.placement_refusal(placement)
+    if refusal:
+        raise UnsupportedCombination("placement", f"placement {str(placement)!r} is not possible on "
+                                                  f"{hardware.name}: {refusal}")
     if placement is not Placement.TP:
         return 1
     if not spec.tp_components:

@@ -18,8 +18,20 @@ class RoutingExecutor:
         self.settings, self.hardware = settings, hardware
         self.local = local or LocalExecutor(settings, hardware)
         self._pools = pools
+        self._lent: Executor | None = None
+
+    @property
+    def lent(self) -> Executor:
+        """The executor for a device lent per call (ZeroGPU), made on first use."""
+        if self._lent is None:
+            from .zerogpu import ZeroGpuExecutor
+
+            self._lent = ZeroGpuExecutor(self.settings, self.hardware)
+        return self._lent
 
     def executor_for(self, key: PipelineKey) -> Executor:
+        if self.hardware.get(key.hardware).lent_per_call:
+            return self.lent
         if not key.placement.pooled and self.hardware.get(key.hardware).in_process(key.devices):
             return self.local
         return self.pools
@@ -42,5 +54,6 @@ class RoutingExecutor:
 
     def close(self) -> None:
         self.local.close()
-        if self._pools is not None:
-            self._pools.close()
+        for executor in (self._pools, self._lent):
+            if executor is not None:
+                executor.close()

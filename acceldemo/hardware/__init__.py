@@ -149,7 +149,15 @@ def prepare_process(settings: Settings) -> None:
     cache dir, and keep a broken accelerator backend from aborting torch. An operator's own setting of any variable
     wins. Called by the entry points (app.py, the CLI, a pool's ranks), never on import."""
     from .tpu import tpu_autoload_would_abort
+    from .zerogpu import zero_gpu_on
 
+    if zero_gpu_on():
+        # The platform's rule: `spaces` before torch, so it can patch torch before CUDA is touched.
+        try:
+            import spaces  # noqa: F401
+        except ImportError as error:
+            raise RuntimeError("SPACES_ZERO_GPU is set but the spaces package cannot be imported "
+                               f"(pip install spaces==0.51.3): {error}") from error
     for adapter in ADAPTERS.values():
         for variable, folder in adapter.cache_env.items():
             os.environ.setdefault(variable, str(settings.cache_dir / folder))

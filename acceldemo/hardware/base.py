@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..config import Settings
-from ..records import COMPILED_MODES, DeviceSet, Mode, Quantization
+from ..records import COMPILED_MODES, DeviceSet, Mode, Placement, Quantization
 
 GiB = 1024**3
 # Probe answers of this process, by adapter class and probe (see Hardware._probe).
@@ -112,6 +112,9 @@ class Hardware:
     synced_cache_env: ClassVar[str | None] = None
     # Host kinds of this hardware that `python -m acceldemo plan --host NAME` knows (hardware/hosts are data).
     host_kinds: ClassVar[tuple[HostKind, ...]] = ()
+    # The device is lent per call by a platform (ZeroGPU): each draw runs in a call that asks for it, in a process the
+    # platform forks (executors/zerogpu.py), not on a device this process holds.
+    lent_per_call: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, found: Availability | None = None) -> None:
         self.settings = settings
@@ -224,6 +227,14 @@ class Hardware:
     def offload_kwargs(self) -> dict:
         """Arguments to `enable_model_cpu_offload`; the recipe lets diffusers find the device itself."""
         return {}
+
+    def mode_refusal(self, mode: Mode) -> str | None:
+        """Why this hardware does not offer a mode, where it has more to say than that it does not."""
+        return None
+
+    def placement_refusal(self, placement: Placement) -> str | None:
+        """Why a pipeline cannot be placed so on this hardware, or None when it can."""
+        return None
 
     def tensor_parallel_sizes(self) -> tuple[int, ...] | None:
         """The processes per host this hardware's launcher accepts here; None when any number works."""

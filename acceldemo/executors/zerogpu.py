@@ -1,0 +1,139 @@
+"""The ZeroGPU executor: pipelines are held in this process's memory, and each draw runs inside a `spaces.GPU` call —
+in the child process `spaces` forks, which the platform lends a GPU for the seconds the call asks for.
+
+What the `spaces` package (0.51.3) makes of a call, and so what this executor keeps to:
+- The child is forked from this process and reused while the platform says its GPU stayed idle. It inherits the
+  pipelines loaded before it was forked (`_RESIDENT`); a pipeline loaded after is loaded again inside the child.
+- The call's arguments and result cross a pipe: a pipeline's key, its `ModelSpec`, the request and the seconds asked
+  go in; CPU images and the run's figures come back. Progress and cancellation stay in this process.
+- Weights stay on the CPU here, where no thread may touch CUDA, and move to the GPU inside the child, once per child
+  (as `spaces` itself moves what `.to("cuda")` put aside at start).
+- `duration` is asked per call from the request: steps x the step time measured for this pipeline, shape and batch,
+  plus a margin; before a measure, `ACCELDEMO_ZEROGPU_FIRST_S`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+import time
+
+from ..config import Settings
+from ..hardware import Hardware, HardwareRegistry
+from ..models.catalog import ModelSpec
+from ..records import Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from .local import LocalPipeline
+from .recipe import apply_recipe, recompile_limits
+
+log = logging.getLogger("acceldemo.executor")
+
+# The pipelines this process holds, by key: what a forked child finds already loaded.
+_RESIDENT: dict[PipelineKey, LocalPipeline] = {}
+# Inside a child: the keys whose weights it has moved to its GPU.
+_ON_DEVICE: set[PipelineKey] = set()
+
+
+def _asked(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, seconds: int) -> int:
+    """`spaces.GPU`'s duration: called with the draw's own arguments; the seconds were worked out before."""
+    return seconds
+
+
+def _draw(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch,
+          seconds: int) -> tuple[RunOutput, int]:
+    """One draw, inside the lent GPU's process: the pipeline (loaded here if this process was forked before it was
+    loaded) moved to the GPU once, then run. Returns its output (PIL images: CPU data) and this process's id."""
+    pipeline = _RESIDENT.get(key)
+    if pipeline is None:
+        log.warning("%s was loaded after this GPU process was forked: loading it again here", key)
+        pipeline = _RESIDENT[key] = ZeroGpuExecutor(settings, HardwareRegistry(settings)).load_on_cpu(
+            key, spec, lambda progress: None)
+    if key not in _ON_DEVICE:
+        pipeline.prepared.pipe.to(pipeline.hardware.device)
+        _ON_DEVICE.add(key)
+    return pipeline.run(call, False, lambda progress: None), os.getpid()
+
+
+@functools.cache
+def gpu_call(size: str):
+    """`_draw` wrapped in `spaces.GPU` for a slice size, made once per process (the package keeps its wrappers per
+    function)."""
+    import spaces
+
+    return spaces.GPU(duration=_asked, size=size)(_draw)
+
+
+def start_zero_gpu(settings: Settings) -> None:
+    """What `spaces` does when a Gradio app launches (it wraps `gr.Blocks.launch`, which this app does not call: it
+    serves through uvicorn), in the thread that imported it: the GPU function made, whatever `.to("cuda")` put aside
+    packed, and the platform told the app is up (`POST /startup-report`)."""
+    import spaces.zero
+
+    gpu_call(settings.zero_gpu_size)
+    spaces.zero.startup()
+
+
+class ZeroGpuPipeline:
+    """A pipeline held in this process, drawn with inside a lent GPU."""
+
+    def __init__(self, key: PipelineKey, spec: ModelSpec, settings: Settings):
+        self.key, self.spec, self.settings = key, spec, settings
+        # Seconds per denoise step measured per (width, height, batch), asked for by the next call of that shape.
+        self.step_seconds: dict[tuple[int, int, int], float] = {}
+
+    def duration(self, call: Request | Batch) -> int:
+        """Seconds to ask the platform for: steps x the step time measured for this shape and batch, plus the
+        margin; before a measure, the first call's seconds."""
+        batch = Batch.of(call)
+        request = batch.first
+        step = self.step_seconds.get((request.width, request.height, len(batch.requests)))
+        if step is None:
+            return math.ceil(self.settings.zero_gpu_first_s)
+        return min(1500, math.ceil(request.denoise_steps * step + self.settings.zero_gpu_margin_s))
+
+    def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
+            cancelled=lambda: False) -> RunOutput:
+        batch = Batch.of(call)
+        request = batch.first
+        seconds = self.duration(call)
+        on_progress(Progress(Phase.QUEUE, f"asking ZeroGPU for a {self.settings.zero_gpu_size} GPU for {seconds} s"))
+        started = time.perf_counter()
+        output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call, seconds)
+        used = time.perf_counter() - started
+        if output.step_seconds:
+            self.step_seconds[(request.width, request.height, len(batch.requests))] = max(output.step_seconds)
+        output = dataclasses.replace(output, gpu_lease=GpuLease(self.settings.zero_gpu_size, seconds, used,
+                                                                   output.seconds, pid))
+        log.info("%s drew on a ZeroGPU %s slice: asked %d s, used %.2f s (process %d)", self.key,
+                 self.settings.zero_gpu_size, seconds, used, pid)
+        return output
+
+    def close(self) -> None:
+        _RESIDENT.pop(self.key, None)
+
+
+class ZeroGpuExecutor:
+    """Loads pipelines into this process's memory, on the CPU, for draws inside `spaces.GPU` calls."""
+
+    def __init__(self, settings: Settings, hardware: HardwareRegistry):
+        self.settings, self.hardware = settings, hardware
+
+    def load_on_cpu(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
+        from ..models.loading import load_pipeline
+
+        hardware: Hardware = self.hardware.get(key.hardware)
+        started = time.perf_counter()
+        on_progress(Progress(Phase.LOAD, f"loading {spec.title} (held on the CPU until a draw lends a GPU)"))
+        pipe = load_pipeline(spec, self.settings, key.quantization)
+        pipe.set_progress_bar_config(disable=True)
+        prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, None, "cpu")
+        log.info("loaded %s in %.2f s, held on the CPU", key, time.perf_counter() - started)
+        return LocalPipeline(key, prepared, hardware, recompile_limits(self.settings), self.settings.cache_dir)
+
+    def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> ZeroGpuPipeline:
+        _RESIDENT[key] = self.load_on_cpu(key, spec, on_progress)
+        return ZeroGpuPipeline(key, spec, self.settings)
+
+    def close(self) -> None:
+        _RESIDENT.clear()

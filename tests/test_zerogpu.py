@@ -1,0 +1,216 @@
+"""ZeroGPU (hardware/zerogpu.py, executors/zerogpu.py) with the real `spaces` package: off a ZeroGPU Space its
+decorator is a pass-through and the hardware is absent; on one (SPACES_ZERO_GPU), in a process of its own, each draw
+goes through the package's own schedule, fork, allow and release against a stand-in of the device API on loopback
+(tests/fakes/zerogpu_api.py), with the CPU standing in for the lent GPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from acceldemo.config import Settings
+from acceldemo.hardware import HardwareRegistry, host_kinds
+from acceldemo.hardware.zerogpu import POOL_REFUSAL, ZeroGpuHardware, zero_gpu_on
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_off_zerogpu_the_real_decorator_is_a_pass_through_and_the_hardware_is_absent(monkeypatch):
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    import spaces
+
+    def draw(x):
+        return x * 2
+
+    assert spaces.GPU(duration=lambda x: 5)(draw) is draw
+    found = HardwareRegistry(Settings.from_env()).get("zerogpu").detect()
+    assert not found.available and "SPACES_ZERO_GPU" in found.reason
+
+
+def test_zerogpu_switch_reads_as_the_spaces_package_does():
+    for on in ("1", "t", "true", "True", "TRUE"):
+        assert zero_gpu_on({"SPACES_ZERO_GPU": on})
+    for off in ("", "0", "false", "no"):
+        assert not zero_gpu_on({"SPACES_ZERO_GPU": off})
+    assert not zero_gpu_on({})
+
+
+def test_zerogpu_host_kinds_modes_and_placements():
+    kinds = host_kinds()
+    assert kinds["zerogpu"].devices == 1 and kinds["zerogpu"].memory_bytes == 70 * 1000**3
+    assert kinds["zerogpu-xlarge"].memory_bytes == 141 * 1000**3
+    assert [str(m) for m in ZeroGpuHardware.offered_modes()] == ["eager"]
+    adapter = ZeroGpuHardware(Settings.from_env())
+    from acceldemo.records import Placement
+
+    assert adapter.placement_refusal(Placement.DEVICE) is None
+    assert all(adapter.placement_refusal(p) == POOL_REFUSAL for p in (Placement.TP, Placement.CFG, Placement.CP))
+    assert "offload" in adapter.placement_refusal(Placement.OFFLOAD)
+
+
+# What runs in the ZeroGPU process: the switch on, the stand-in API, the CPU patches, the CPU as the lent GPU.
+_ON_ZEROGPU = """
+import json, os, sys, tempfile
+from tests.fakes.zerogpu_api import ZeroGpuApi, keep_tensors_on_cpu_in_the_child, lend_the_cpu, patch_cpu_torch_for_spaces
+
+api = ZeroGpuApi(reuse=True)  # the second draw goes to the child the first one forked
+os.environ.update(SPACES_ZERO_GPU="true", SPACES_ZERO_DEVICE_API_URL=api.url,
+                  ZEROGPU_OFFLOAD_DIR=tempfile.mkdtemp(), ACCELDEMO_ZEROGPU_FIRST_S="42")
+patch_cpu_torch_for_spaces()
+
+from acceldemo import hardware
+from acceldemo.config import Settings
+
+lend_the_cpu()
+settings = Settings.from_env()
+hardware.prepare_process(settings)  # imports spaces, which patches torch
+keep_tensors_on_cpu_in_the_child()
+import numpy
+from acceldemo.builder import build_engine
+from acceldemo.errors import AcceldemoError
+from acceldemo.records import GenerateParams
+
+engine = build_engine(settings)
+draws = []
+for seed in (1, 2):
+    result = engine.generate(GenerateParams(prompt="a red circle on a blue background", resolution="64x64",
+                                            steps=4, seed=seed))
+    pixels = numpy.asarray(result.image)
+    draws.append({"facts": result.facts(), "size": list(result.image.size), "std": float(pixels.std())})
+refusals = {}
+for name, params in {"compiled": dict(mode="compiled"), "tp": dict(placement="tp", tp_size=2)}.items():
+    try:
+        engine.check(GenerateParams(prompt="x", hardware="zerogpu", **params))
+    except AcceldemoError as error:
+        refusals[name] = str(error)
+engine.close()
+result = {"draws": draws, "calls": api.calls, "pid": os.getpid(), "refusals": refusals}
+print("ZEROGPU-RESULT:" + json.dumps(result), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def on_zerogpu():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SPACES_ZERO_GPU", None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_ON_ZEROGPU)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ZEROGPU-RESULT:")]
+    assert done.returncode == 0 and lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return json.loads(lines[-1].removeprefix("ZEROGPU-RESULT:"))
+
+
+def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package(on_zerogpu):
+    calls = [path for path, _ in on_zerogpu["calls"]]
+    # Each draw: schedule (the parent asks), allow (the forked child, with its pid), release (the parent, after the
+    # result came back through the pipe).
+    assert calls.count("/schedule") == 2 and calls.count("/release") == 2, calls
+    # One fork: the stand-in said the GPU stayed idle, so the second draw ran in the same child (which had moved the
+    # pipeline to its device already).
+    assert calls == ["/schedule", "/allow", "/release", "/schedule", "/release"]
+    allows = [query for path, query in on_zerogpu["calls"] if path == "/allow"]
+    assert all(int(query["pid"]) != on_zerogpu["pid"] for query in allows)
+    releases = [query for path, query in on_zerogpu["calls"] if path == "/release"]
+    assert all(query["fail"] == "false" and query["allowToken"] == "token-1" for query in releases)
+    for draw in on_zerogpu["draws"]:
+        assert draw["size"] == [64, 64] and draw["std"] > 5
+        # No hardware was named: on a ZeroGPU Space the lent GPU is the default.
+        assert draw["facts"]["hardware"] == "zerogpu" and draw["facts"]["mode"] == "eager"
+
+
+def test_the_duration_asked_is_the_first_guess_then_the_measured_steps(on_zerogpu):
+    first, second = (draw["facts"]["zero_gpu"] for draw in on_zerogpu["draws"])
+    schedules = [query for path, query in on_zerogpu["calls"] if path == "/schedule"]
+    # What the facts say was asked is what the package sent (duration x the H200's duration factor 1.0).
+    assert [int(query["durationSeconds"]) for query in schedules] == [first["asked_seconds"],
+                                                                       second["asked_seconds"]]
+    assert first["asked_seconds"] == 42 and first["size"] == "large"  # ACCELDEMO_ZEROGPU_FIRST_S
+    # The second: 4 steps x the step time measured on the first, plus the 10 s margin (a tiny model's steps are
+    # milliseconds here).
+    assert second["asked_seconds"] == 11
+    assert 0 < first["used_seconds"] < 300 and 0 < second["used_seconds"] < 300
+    # The first draw paid for the fork and the move to the device; the second went to the same child.
+    assert 0 < second["lending_seconds"] < first["lending_seconds"]
+
+
+def test_pools_and_compiled_modes_are_refused_by_name_on_zerogpu(on_zerogpu):
+    refusals = on_zerogpu["refusals"]
+    assert "mode 'compiled'" in refusals["compiled"] and "on ZeroGPU" in refusals["compiled"]
+    assert "AOTInductor" in refusals["compiled"]
+    assert "ZeroGPU lends one GPU to one forked process per call" in refusals["tp"]
+
+
+@pytest.mark.slow
+def test_the_app_on_a_zerogpu_space_reports_start_up_and_draws_through_the_lent_gpu(tmp_path):
+    """app.py itself, as a ZeroGPU Space starts it: `spaces` first, the platform told the app is up, and a request to
+    the OpenAI door (the official SDK) drawn inside a `spaces.GPU` call in a forked child."""
+    import openai
+
+    from tests.engines import free_port, wait_until_answers
+    from tests.fakes.zerogpu_api import ZeroGpuApi
+
+    api, port = ZeroGpuApi(), free_port()
+    site = REPO / "tests" / "fakes" / "zerogpu_site"
+    env = {**os.environ, "SPACES_ZERO_GPU": "true", "SPACES_ZERO_DEVICE_API_URL": api.url,
+           "ZEROGPU_OFFLOAD_DIR": str(tmp_path / "offload"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    log_path = tmp_path / "app.log"
+    with open(log_path, "w") as log:
+        app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=REPO, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_answers(url + "/health", app, log_path)
+        assert [path for path, _ in api.calls] == ["/startup-report"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        answer = client.images.generate(prompt="a red circle on a blue background", size="64x64",
+                                        response_format="b64_json", extra_body={"seed": 3, "num_inference_steps": 4})
+        import base64
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json)))
+        assert image.size == (64, 64) and np.asarray(image).std() > 5
+        facts = answer.model_extra["acceldemo"][0]
+        assert facts["hardware"] == "zerogpu" and facts["zero_gpu"]["asked_seconds"] == 60
+        calls = [path for path, _ in api.calls]
+        assert calls[:2] == ["/startup-report", "/schedule"] and calls.count("/release") == 1 and "/allow" in calls
+        allow = next(query for path, query in api.calls if path == "/allow")
+        assert int(allow["pid"]) != app.pid
+        assert "ZeroGPU: each draw asks the platform for a large GPU slice" in log_path.read_text()
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+        api.close()
+
+
+def test_the_app_refuses_a_ray_fleet_or_replicas_on_zerogpu():
+    env = {**os.environ, "SPACES_ZERO_GPU": "1", "SPACES_ZERO_DEVICE_API_URL": "http://127.0.0.1:9"}
+    for flags in (["--ray", "auto"], ["--replicas", "2"]):
+        done = subprocess.run([sys.executable, "app.py", *flags], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert f"error: {flags[0]} on ZeroGPU (SPACES_ZERO_GPU is set): ZeroGPU lends one GPU" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_gpu_machines_script_runs_dry_on_this_host(tmp_path):
+    """bench/device/zerogpu_cuda.py, the check for a lent CUDA machine, with --dry-run: the tests' patches and the
+    CPU as the lent device; its report has a row per draw, the first one forking the child the others reuse."""
+    out = tmp_path / "dry.json"
+    done = subprocess.run([sys.executable, "-m", "bench.device.zerogpu_cuda", "--dry-run", "--size", "64x64",
+                           "--draws", "2", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "SPACES_ZERO_GPU"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    first, second = report["draws"]
+    assert report["dry_run"] and first["size"] == [64, 64] and first["child_pid"] == second["child_pid"]
+    assert (first["asked_s"], second["asked_s"]) == (60, 11)
+    assert report["device_api_calls"] == ["/schedule", "/allow", "/release", "/schedule", "/release"]
