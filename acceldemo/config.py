@@ -182,6 +182,8 @@ class Settings:
     zero_gpu_size: str = "large"
     zero_gpu_first_s: float = 60.0
     zero_gpu_margin_s: float = 10.0
+    # ... and what a call that builds a compiled package asks for (a warm-up: visitors' calls never compile there).
+    zero_gpu_compile_s: float = 600.0
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> Settings:
@@ -236,6 +238,7 @@ class Settings:
             zero_gpu_size=choice("ACCELDEMO_ZEROGPU_SIZE", "large", ("large", "xlarge")),
             zero_gpu_first_s=bounded("ACCELDEMO_ZEROGPU_FIRST_S", 60.0, 1, 1500),
             zero_gpu_margin_s=bounded("ACCELDEMO_ZEROGPU_MARGIN_S", 10.0, 0, 600),
+            zero_gpu_compile_s=bounded("ACCELDEMO_ZEROGPU_COMPILE_S", 600.0, 1, 1500),
         )
 
     @property

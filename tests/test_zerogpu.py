@@ -44,9 +44,16 @@ def test_zerogpu_host_kinds_modes_and_placements():
     kinds = host_kinds()
     assert kinds["zerogpu"].devices == 1 and kinds["zerogpu"].memory_bytes == 70 * 1000**3
     assert kinds["zerogpu-xlarge"].memory_bytes == 141 * 1000**3
-    assert [str(m) for m in ZeroGpuHardware.offered_modes()] == ["eager"]
+    assert [str(m) for m in ZeroGpuHardware.offered_modes()] == ["eager", "compiled"]
     adapter = ZeroGpuHardware(Settings.from_env())
-    from acceldemo.records import Placement
+    from acceldemo.records import Mode, Placement
+
+    assert "packaged repeated blocks are not built here" in adapter.mode_refusal(Mode.REGIONAL)
+    assert adapter.mode_refusal(Mode.COMPILED) is None and adapter.mode_refusal(Mode.EAGER) is None
+    # Without packages, compiled would be a JIT compile in every forked process: not offered, and says why.
+    unpackaged = ZeroGpuHardware(Settings.from_env({"ACCELDEMO_PRECOMPILE": "off"}))
+    assert [str(m) for m in unpackaged.modes] == ["eager"]
+    assert "ACCELDEMO_PRECOMPILE=off" in unpackaged.mode_refusal(Mode.COMPILED)
 
     assert adapter.placement_refusal(Placement.DEVICE) is None
     assert all(adapter.placement_refusal(p) == POOL_REFUSAL for p in (Placement.TP, Placement.CFG, Placement.CP))
@@ -83,7 +90,7 @@ for seed in (1, 2):
     pixels = numpy.asarray(result.image)
     draws.append({"facts": result.facts(), "size": list(result.image.size), "std": float(pixels.std())})
 refusals = {}
-for name, params in {"compiled": dict(mode="compiled"), "tp": dict(placement="tp", tp_size=2)}.items():
+for name, params in {"regional": dict(mode="regional"), "tp": dict(placement="tp", tp_size=2)}.items():
     try:
         engine.check(GenerateParams(prompt="x", hardware="zerogpu", **params))
     except AcceldemoError as error:
@@ -138,10 +145,9 @@ def test_the_duration_asked_is_the_first_guess_then_the_measured_steps(on_zerogp
     assert 0 < second["lending_seconds"] < first["lending_seconds"]
 
 
-def test_pools_and_compiled_modes_are_refused_by_name_on_zerogpu(on_zerogpu):
+def test_pools_and_regional_mode_are_refused_by_name_on_zerogpu(on_zerogpu):
     refusals = on_zerogpu["refusals"]
-    assert "mode 'compiled'" in refusals["compiled"] and "on ZeroGPU" in refusals["compiled"]
-    assert "AOTInductor" in refusals["compiled"]
+    assert "mode 'regional' is not possible here: on ZeroGPU a JIT compile dies" in refusals["regional"]
     assert "ZeroGPU lends one GPU to one forked process per call" in refusals["tp"]
 
 
@@ -214,3 +220,63 @@ def test_the_gpu_machines_script_runs_dry_on_this_host(tmp_path):
     assert report["dry_run"] and first["size"] == [64, 64] and first["child_pid"] == second["child_pid"]
     assert (first["asked_s"], second["asked_s"]) == (60, 11)
     assert report["device_api_calls"] == ["/schedule", "/allow", "/release", "/schedule", "/release"]
+
+
+# Compiled on ZeroGPU: the warm-up builds a package in the lent process (real inductor, AOTInductor), a later call in a
+# newly forked process loads it, and a shape nobody warmed is refused by name.
+_COMPILED_ON_ZEROGPU = """
+import json, os, tempfile
+from tests.fakes.zerogpu_api import ZeroGpuApi, keep_tensors_on_cpu_in_the_child, lend_the_cpu, patch_cpu_torch_for_spaces
+
+api = ZeroGpuApi(reuse=False)  # every call in a newly forked process, as after the GPU went to another Space
+os.environ.update(SPACES_ZERO_GPU="true", SPACES_ZERO_DEVICE_API_URL=api.url,
+                  ZEROGPU_OFFLOAD_DIR=tempfile.mkdtemp(), ACCELDEMO_ZEROGPU_COMPILE_S="321")
+patch_cpu_torch_for_spaces()
+from acceldemo import hardware
+from acceldemo.config import Settings
+
+lend_the_cpu()
+settings = Settings.from_env()
+hardware.prepare_process(settings)
+keep_tensors_on_cpu_in_the_child()
+from acceldemo.builder import build_engine
+from acceldemo.errors import AcceldemoError
+from acceldemo.records import GenerateParams
+
+engine = build_engine(settings)
+ask = dict(prompt="a red circle on a blue background", mode="compiled", steps=2, seed=5)
+warmed = engine.warm_up(GenerateParams(**ask, resolution="64x64"))
+drawn = engine.generate(GenerateParams(**ask, resolution="64x64"))
+try:
+    engine.generate(GenerateParams(**ask, resolution="80x64"))
+    refused = None
+except AcceldemoError as error:
+    refused = str(error)
+engine.close()
+result = {"warmed": [str(shape.state) for shape in warmed], "facts": drawn.facts(), "size": list(drawn.image.size),
+          "refused": refused, "calls": api.calls}
+print("ZEROGPU-RESULT:" + json.dumps(result), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_compiled_on_zerogpu_is_a_package_built_by_the_warm_up_and_loaded_by_a_new_process():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SPACES_ZERO_GPU", None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_COMPILED_ON_ZEROGPU)], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ZEROGPU-RESULT:")]
+    assert done.returncode == 0 and lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    result = json.loads(lines[-1].removeprefix("ZEROGPU-RESULT:"))
+    assert result["warmed"] == ["ready"]
+    schedules = [int(query["durationSeconds"]) for path, query in result["calls"] if path == "/schedule"]
+    # The warm-up asked for the compile's seconds (ACCELDEMO_ZEROGPU_COMPILE_S); then a draw in a new process (two
+    # allows: two forks) loaded the package the warm-up's process had saved, compiling nothing.
+    assert schedules[0] == 321 and len(schedules) == 2
+    assert [path for path, _ in result["calls"]].count("/allow") == 2
+    facts = result["facts"]
+    assert facts["mode"] == "compiled" and facts["hardware"] == "zerogpu" and result["size"] == [64, 64]
+    assert facts["new_graphs"] == 0 and facts["packages"].get("loaded") == 1, facts
+    assert "compiled 80x64 has no compiled package on zerogpu yet: warm it up first (--warmup compiled:80x64" \
+        in result["refused"]

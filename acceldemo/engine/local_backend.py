@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from ..config import Settings
-from ..errors import AcceldemoError, Cancelled, GenerationFailed, describe_error
+from ..errors import AcceldemoError, Cancelled, GenerationFailed, UnsupportedCombination, describe_error
 from ..executors.artifacts import ArtifactStore
 from ..executors.base import Executor
 from ..hardware import HardwareRegistry
@@ -196,6 +196,15 @@ class LocalBackend:
               load_seconds: float, began: float) -> list[GenerateResult | Cancelled]:
         visit = self.ledger.begin(key, batch)
         adapter = self.hardware.get(key.hardware)
+        if adapter.lent_per_call and visit.expect_compile and not warm_up:
+            # A compile inside a visitor's lent GPU call would spend minutes of their quota: compiled shapes there
+            # are the ones warmed up (at start, or by the operator), from a package built then or found in the store.
+            self.ledger.abandoned(visit)
+            raise UnsupportedCombination("mode", f"{key.mode} {batch.label} has no compiled package on "
+                                                 f"{adapter.name} yet: warm it up first (--warmup "
+                                                 f"{key.mode}:{batch.first.shape}"
+                                                 f"{f'@{batch.size}' if batch.size > 1 else ''}, or the Operator "
+                                                 "tab's warm-up)")
         if visit.expect_compile:  # a compiler cache the shared store keeps in step (TPU): what other hosts compiled
             self.artifacts.sync_compiler_cache(adapter, push=False)
         kind = compile_kind(key, batch, adapter.detect().generation)

@@ -21,26 +21,31 @@ import os
 import time
 
 from ..config import Settings
+from ..errors import UnsupportedCombination
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..records import Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from .artifacts import ArtifactStore
 from .local import LocalPipeline
-from .recipe import apply_recipe, recompile_limits
+from .recipe import apply_recipe, precompiles, recompile_limits
 
 log = logging.getLogger("acceldemo.executor")
 
+# The longest call the platform grants.
+MAX_SECONDS = 1500
 # The pipelines this process holds, by key: what a forked child finds already loaded.
 _RESIDENT: dict[PipelineKey, LocalPipeline] = {}
 # Inside a child: the keys whose weights it has moved to its GPU.
 _ON_DEVICE: set[PipelineKey] = set()
 
 
-def _asked(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, seconds: int) -> int:
+def _asked(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, expect_compile: bool,
+           seconds: int) -> int:
     """`spaces.GPU`'s duration: called with the draw's own arguments; the seconds were worked out before."""
     return seconds
 
 
-def _draw(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch,
+def _draw(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, expect_compile: bool,
           seconds: int) -> tuple[RunOutput, int]:
     """One draw, inside the lent GPU's process: the pipeline (loaded here if this process was forked before it was
     loaded) moved to the GPU once, then run. Returns its output (PIL images: CPU data) and this process's id."""
@@ -52,7 +57,7 @@ def _draw(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request |
     if key not in _ON_DEVICE:
         pipeline.prepared.pipe.to(pipeline.hardware.device)
         _ON_DEVICE.add(key)
-    return pipeline.run(call, False, lambda progress: None), os.getpid()
+    return pipeline.run(call, expect_compile, lambda progress: None), os.getpid()
 
 
 @functools.cache
@@ -82,24 +87,29 @@ class ZeroGpuPipeline:
         # Seconds per denoise step measured per (width, height, batch), asked for by the next call of that shape.
         self.step_seconds: dict[tuple[int, int, int], float] = {}
 
-    def duration(self, call: Request | Batch) -> int:
-        """Seconds to ask the platform for: steps x the step time measured for this shape and batch, plus the
-        margin; before a measure, the first call's seconds."""
+    def duration(self, call: Request | Batch, expect_compile: bool = False) -> int:
+        """Seconds to ask the platform for: a compile's (a warm-up building a package); else steps x the step time
+        measured for this shape and batch, plus the margin; before a measure, the first call's seconds."""
         batch = Batch.of(call)
         request = batch.first
         step = self.step_seconds.get((request.width, request.height, len(batch.requests)))
-        if step is None:
-            return math.ceil(self.settings.zero_gpu_first_s)
-        return min(1500, math.ceil(request.denoise_steps * step + self.settings.zero_gpu_margin_s))
+        if expect_compile:
+            seconds = self.settings.zero_gpu_compile_s
+        elif step is None:
+            seconds = self.settings.zero_gpu_first_s
+        else:
+            seconds = request.denoise_steps * step + self.settings.zero_gpu_margin_s
+        return min(MAX_SECONDS, math.ceil(seconds))
 
     def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
         batch = Batch.of(call)
         request = batch.first
-        seconds = self.duration(call)
+        seconds = self.duration(call, expect_compile)
         on_progress(Progress(Phase.QUEUE, f"asking ZeroGPU for a {self.settings.zero_gpu_size} GPU for {seconds} s"))
         started = time.perf_counter()
-        output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call, seconds)
+        output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
+                                                                 expect_compile, seconds)
         used = time.perf_counter() - started
         if output.step_seconds:
             self.step_seconds[(request.width, request.height, len(batch.requests))] = max(output.step_seconds)
@@ -123,11 +133,18 @@ class ZeroGpuExecutor:
         from ..models.loading import load_pipeline
 
         hardware: Hardware = self.hardware.get(key.hardware)
+        packaged = precompiles(self.settings, hardware, key.mode, key.placement, key.quantization)
+        if key.mode.compiles and not packaged:
+            raise UnsupportedCombination("quantization", f"{key.mode} with {key.quantization} weights is not possible "
+                                                         f"on {hardware.name}: only plain weights are packaged ahead "
+                                                         "(AOTInductor), and a JIT compile would die with each "
+                                                         "process the platform forks")
         started = time.perf_counter()
         on_progress(Progress(Phase.LOAD, f"loading {spec.title} (held on the CPU until a draw lends a GPU)"))
         pipe = load_pipeline(spec, self.settings, key.quantization)
         pipe.set_progress_bar_config(disable=True)
-        prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, None, "cpu")
+        store = ArtifactStore.of(self.settings) if packaged else None
+        prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, store, "cpu")
         log.info("loaded %s in %.2f s, held on the CPU", key, time.perf_counter() - started)
         return LocalPipeline(key, prepared, hardware, recompile_limits(self.settings), self.settings.cache_dir)
 

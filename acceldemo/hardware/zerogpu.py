@@ -2,9 +2,10 @@
 forked child process for the length of each call of a `@spaces.GPU` function. The `spaces` package does the
 lending (read in `spaces` 0.51.3); `executors/zerogpu.py` runs each draw as such a call.
 
-On by the platform's own switch, SPACES_ZERO_GPU (1, t or true, as `spaces` reads it). Eager only: a JIT compile
-would die with its child process, and the platform's answer (AOTInductor packages loaded inside the call) is not
-built yet. One device, and no pools: the child is a daemon process, which may not start others.
+On by the platform's own switch, SPACES_ZERO_GPU (1, t or true, as `spaces` reads it). Eager, and compiled from
+AOTInductor packages only (the platform's rule: a JIT compile would die with its child process), one package per
+shape built by a warm-up or found in the store. One device, and no pools: the child is a daemon process, which may
+not start others.
 """
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ class ZeroGpuHardware(Hardware):
     host_kinds = HOST_KINDS
     # Each draw asks the platform for the GPU (`executors/zerogpu.py`).
     lent_per_call = True
+    # Mode compiled: AOTInductor packages (executors/artifacts.py), built in the lent GPU's process and saved.
+    aot_artifacts = True
 
     @classmethod
     def offered_modes(cls) -> tuple[Mode, ...]:
-        return cls.eager_modes
+        return (*cls.eager_modes, Mode.COMPILED)
 
     def _precheck(self) -> Availability:
         if not zero_gpu_on():
@@ -65,10 +68,18 @@ class ZeroGpuHardware(Hardware):
         return True
 
     def mode_refusal(self, mode: Mode) -> str | None:
-        if mode.compiles:
-            return ("on ZeroGPU a JIT compile dies with the process the platform forks for each call; its way, "
-                    "AOTInductor packages loaded inside the call, is not built here yet: use eager")
+        if mode is Mode.COMPILED and self.settings.precompile == "off":
+            return ("on ZeroGPU compiled runs from AOTInductor packages, which ACCELDEMO_PRECOMPILE=off turns off (a "
+                    "JIT compile would die with each process the platform forks)")
+        if mode is Mode.REGIONAL:
+            return ("on ZeroGPU a JIT compile dies with the process the platform forks for each call, and packaged "
+                    "repeated blocks are not built here: use compiled (an AOTInductor package per shape) or eager")
         return None
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        # Without packages (ACCELDEMO_PRECOMPILE=off) compiled would be a JIT compile in every forked process.
+        return self.eager_modes if self.settings.precompile == "off" else self.offered_modes()
 
     def placement_refusal(self, placement: Placement) -> str | None:
         if placement.pooled:
