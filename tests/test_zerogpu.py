@@ -85,10 +85,20 @@ from acceldemo.records import GenerateParams
 engine = build_engine(settings)
 draws = []
 for seed in (1, 2):
+    messages = []
     result = engine.generate(GenerateParams(prompt="a red circle on a blue background", resolution="64x64",
-                                            steps=4, seed=seed))
+                                            steps=4, seed=seed), lambda event: messages.append(event.message))
     pixels = numpy.asarray(result.image)
-    draws.append({"facts": result.facts(), "size": list(result.image.size), "std": float(pixels.std())})
+    draws.append({"facts": result.facts(), "size": list(result.image.size), "std": float(pixels.std()),
+                  "messages": messages})
+# Stop, from this process, while the lent process draws.
+steps_seen = []
+try:
+    engine.generate(GenerateParams(prompt="a red circle", resolution="64x64", steps=40, seed=9),
+                    lambda event: steps_seen.append(event.step or 0), lambda: max(steps_seen, default=0) >= 2)
+    stopped = None
+except AcceldemoError as error:
+    stopped = str(error)
 refusals = {}
 for name, params in {"regional": dict(mode="regional"), "tp": dict(placement="tp", tp_size=2)}.items():
     try:
@@ -96,7 +106,8 @@ for name, params in {"regional": dict(mode="regional"), "tp": dict(placement="tp
     except AcceldemoError as error:
         refusals[name] = str(error)
 engine.close()
-result = {"draws": draws, "calls": api.calls, "pid": os.getpid(), "refusals": refusals}
+result = {"draws": draws, "calls": api.calls, "pid": os.getpid(), "refusals": refusals, "stopped": stopped,
+          "steps_seen": steps_seen}
 print("ZEROGPU-RESULT:" + json.dumps(result), flush=True)
 """
 
@@ -114,12 +125,13 @@ def on_zerogpu():
 
 def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package(on_zerogpu):
     calls = [path for path, _ in on_zerogpu["calls"]]
+    assert calls.count("/schedule") == 3 and calls.count("/release") == 3, calls
     # Each draw: schedule (the parent asks), allow (the forked child, with its pid), release (the parent, after the
     # result came back through the pipe).
-    assert calls.count("/schedule") == 2 and calls.count("/release") == 2, calls
     # One fork: the stand-in said the GPU stayed idle, so the second draw ran in the same child (which had moved the
     # pipeline to its device already).
-    assert calls == ["/schedule", "/allow", "/release", "/schedule", "/release"]
+    assert calls[:5] == ["/schedule", "/allow", "/release", "/schedule", "/release"]
+    assert calls.count("/allow") == 1  # the stopped draw too went to that child
     allows = [query for path, query in on_zerogpu["calls"] if path == "/allow"]
     assert all(int(query["pid"]) != on_zerogpu["pid"] for query in allows)
     releases = [query for path, query in on_zerogpu["calls"] if path == "/release"]
@@ -130,12 +142,27 @@ def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package
         assert draw["facts"]["hardware"] == "zerogpu" and draw["facts"]["mode"] == "eager"
 
 
+def test_the_lent_process_reports_its_steps_and_stops_when_asked(on_zerogpu):
+    first, second = (draw["messages"] for draw in on_zerogpu["draws"])
+    # This process's own event, then the child's: the move to its device (the first draw only), and each step.
+    assert "asking ZeroGPU for a large GPU for 42 s" in first
+    assert any(m.startswith("moved to the lent GPU in ") for m in first)
+    assert not any(m.startswith("moved to the lent GPU") for m in second)
+    for messages in (first, second):
+        assert [m for m in messages if m.startswith("step ")] == [f"step {i}/4" for i in range(1, 5)]
+    # Stopped after step 2 was seen here: the child read the flag at a later step and ended the call early.
+    stopped = on_zerogpu["stopped"]
+    assert stopped and stopped.startswith("stopped at 64x64 after "), stopped
+    assert int(stopped.split(" after ")[1].split(" of ")[0]) < 40 and "of 40 steps" in stopped
+    assert 2 <= max(on_zerogpu["steps_seen"]) < 40
+
+
 def test_the_duration_asked_is_the_first_guess_then_the_measured_steps(on_zerogpu):
     first, second = (draw["facts"]["zero_gpu"] for draw in on_zerogpu["draws"])
     schedules = [query for path, query in on_zerogpu["calls"] if path == "/schedule"]
     # What the facts say was asked is what the package sent (duration x the H200's duration factor 1.0).
-    assert [int(query["durationSeconds"]) for query in schedules] == [first["asked_seconds"],
-                                                                       second["asked_seconds"]]
+    assert [int(query["durationSeconds"]) for query in schedules[:2]] == [first["asked_seconds"],
+                                                                           second["asked_seconds"]]
     assert first["asked_seconds"] == 42 and first["size"] == "large"  # ACCELDEMO_ZEROGPU_FIRST_S
     # The second: 4 steps x the step time measured on the first, plus the 10 s margin (a tiny model's steps are
     # milliseconds here).

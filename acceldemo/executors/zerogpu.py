@@ -5,7 +5,8 @@ What the `spaces` package (0.51.3) makes of a call, and so what this executor ke
 - The child is forked from this process and reused while the platform says its GPU stayed idle. It inherits the
   pipelines loaded before it was forked (`_RESIDENT`); a pipeline loaded after is loaded again inside the child.
 - The call's arguments and result cross a pipe: a pipeline's key, its `ModelSpec`, the request and the seconds asked
-  go in; CPU images and the run's figures come back. Progress and cancellation stay in this process.
+  go in; CPU images and the run's figures come back. Progress comes back, and Stop goes in, through a queue and
+  flags made before the first fork (`_Channel`).
 - Weights stay on the CPU here, where no thread may touch CUDA, and move to the GPU inside the child, once per child
   (as `spaces` itself moves what `.to("cuda")` put aside at start).
 - `duration` is asked per call from the request: steps x the step time measured for this pipeline, shape and batch,
@@ -17,11 +18,14 @@ import dataclasses
 import functools
 import logging
 import math
+import multiprocessing
 import os
+import threading
 import time
+from collections.abc import Callable
 
 from ..config import Settings
-from ..errors import UnsupportedCombination
+from ..errors import CapacityExceeded, UnsupportedCombination
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..records import Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
@@ -39,25 +43,101 @@ _RESIDENT: dict[PipelineKey, LocalPipeline] = {}
 _ON_DEVICE: set[PipelineKey] = set()
 
 
+class _Channel:
+    """Progress from the lent GPU's processes back to this one, and Stop the other way: a queue and a row of flags
+    made before the first fork (every process the platform forks inherits them), one slot per call in flight. A
+    thread here reads the events, hands each to its call's listener and, once the call is stopped, raises its flag,
+    which the child reads at its next step."""
+
+    SLOTS = 64
+
+    def __init__(self):
+        context = multiprocessing.get_context("fork")
+        self.events = context.SimpleQueue()
+        self.stops = context.RawArray("b", self.SLOTS)
+        self.lock = threading.Lock()
+        self.listeners: dict[int, tuple[ProgressCallback, Callable[[], bool], threading.Event]] = {}
+        self.reader: threading.Thread | None = None
+
+    # --- in this process ------------------------------------------------------------------------------------------
+
+    def open(self, on_progress: ProgressCallback, cancelled: Callable[[], bool]) -> int:
+        with self.lock:
+            slot = next((i for i in range(self.SLOTS) if i not in self.listeners), None)
+            if slot is None:
+                raise CapacityExceeded(f"{self.SLOTS} ZeroGPU calls are in flight already")
+            self.stops[slot] = 0
+            self.listeners[slot] = (on_progress, cancelled, threading.Event())
+            if self.reader is None:
+                self.reader = threading.Thread(target=self._read, name="zerogpu-progress", daemon=True)
+                self.reader.start()
+        return slot
+
+    def close(self, slot: int, ended: bool) -> None:
+        """The call returned: wait (briefly) for the child's last event, so none arrives after the result."""
+        if ended:
+            self.listeners[slot][2].wait(2.0)
+        with self.lock:
+            del self.listeners[slot]
+
+    def _read(self) -> None:
+        while True:
+            slot, event = self.events.get()
+            listener = self.listeners.get(slot)
+            if listener is None:
+                continue
+            on_progress, cancelled, ended = listener
+            if event is None:
+                ended.set()
+                continue
+            try:
+                on_progress(event)
+                if cancelled():
+                    self.stops[slot] = 1
+            except Exception:  # a listener's failure must not end the reading for every call
+                log.exception("a ZeroGPU progress listener failed")
+
+    # --- in the lent GPU's process --------------------------------------------------------------------------------
+
+    def reporter(self, slot: int) -> ProgressCallback:
+        return lambda event: self.events.put((slot, event))
+
+    def stopped(self, slot: int) -> Callable[[], bool]:
+        return lambda: bool(self.stops[slot])
+
+    def end(self, slot: int) -> None:
+        self.events.put((slot, None))
+
+
+_CHANNEL = _Channel()
+
+
 def _asked(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, expect_compile: bool,
-           seconds: int) -> int:
+           seconds: int, slot: int) -> int:
     """`spaces.GPU`'s duration: called with the draw's own arguments; the seconds were worked out before."""
     return seconds
 
 
 def _draw(key: PipelineKey, spec: ModelSpec, settings: Settings, call: Request | Batch, expect_compile: bool,
-          seconds: int) -> tuple[RunOutput, int]:
+          seconds: int, slot: int) -> tuple[RunOutput, int]:
     """One draw, inside the lent GPU's process: the pipeline (loaded here if this process was forked before it was
-    loaded) moved to the GPU once, then run. Returns its output (PIL images: CPU data) and this process's id."""
-    pipeline = _RESIDENT.get(key)
-    if pipeline is None:
-        log.warning("%s was loaded after this GPU process was forked: loading it again here", key)
-        pipeline = _RESIDENT[key] = ZeroGpuExecutor(settings, HardwareRegistry(settings)).load_on_cpu(
-            key, spec, lambda progress: None)
-    if key not in _ON_DEVICE:
-        pipeline.prepared.pipe.to(pipeline.hardware.device)
-        _ON_DEVICE.add(key)
-    return pipeline.run(call, expect_compile, lambda progress: None), os.getpid()
+    loaded) moved to the GPU once, then run, its progress sent back and its Stop read through the channel's `slot`.
+    Returns its output (PIL images: CPU data) and this process's id."""
+    report = _CHANNEL.reporter(slot)
+    try:
+        pipeline = _RESIDENT.get(key)
+        if pipeline is None:
+            log.warning("%s was loaded after this GPU process was forked: loading it again here", key)
+            pipeline = _RESIDENT[key] = ZeroGpuExecutor(settings, HardwareRegistry(settings)).load_on_cpu(
+                key, spec, report)
+        if key not in _ON_DEVICE:
+            started = time.perf_counter()
+            pipeline.prepared.pipe.to(pipeline.hardware.device)
+            _ON_DEVICE.add(key)
+            report(Progress(Phase.LOAD, f"moved to the lent GPU in {time.perf_counter() - started:.1f} s"))
+        return pipeline.run(call, expect_compile, report, _CHANNEL.stopped(slot)), os.getpid()
+    finally:
+        _CHANNEL.end(slot)
 
 
 @functools.cache
@@ -108,8 +188,13 @@ class ZeroGpuPipeline:
         seconds = self.duration(call, expect_compile)
         on_progress(Progress(Phase.QUEUE, f"asking ZeroGPU for a {self.settings.zero_gpu_size} GPU for {seconds} s"))
         started = time.perf_counter()
-        output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
-                                                                 expect_compile, seconds)
+        slot, ended = _CHANNEL.open(on_progress, cancelled), False
+        try:
+            output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
+                                                                 expect_compile, seconds, slot)
+            ended = True
+        finally:
+            _CHANNEL.close(slot, ended)
         used = time.perf_counter() - started
         if output.step_seconds:
             self.step_seconds[(request.width, request.height, len(batch.requests))] = max(output.step_seconds)
