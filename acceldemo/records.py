@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -563,6 +564,12 @@ class CacheUse:
 
     def facts(self) -> dict:
         return {"ran": self.name or "none", "calls": self.calls, "skipped": self.skipped}
+
+
+# The platform's token for the visitor a pipeline call draws for (a ZeroGPU Space's X-IP-Token header), set by the
+# engine around the call: the executor that asks the platform for a GPU passes it on, so the visitor's own quota is
+# charged. None: no visitor token (a client of the API, a warm-up).
+VISITOR_TOKEN: ContextVar[str | None] = ContextVar("acceldemo_visitor_token", default=None)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,8 @@ def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package
     assert calls.count("/allow") == 1  # the stopped draw too went to that child
     allows = [query for path, query in on_zerogpu["calls"] if path == "/allow"]
     assert all(int(query["pid"]) != on_zerogpu["pid"] for query in allows)
+    # No visitor's token (a call made here, not through a Space's front end): the call is the Space's own.
+    assert all("token" not in query for path, query in on_zerogpu["calls"] if path == "/schedule")
     releases = [query for path, query in on_zerogpu["calls"] if path == "/release"]
     assert all(query["fail"] == "false" and query["allowToken"] == "token-1" for query in releases)
     for draw in on_zerogpu["draws"]:
@@ -182,6 +184,8 @@ def test_pools_and_regional_mode_are_refused_by_name_on_zerogpu(on_zerogpu):
 def test_the_app_on_a_zerogpu_space_reports_start_up_and_draws_through_the_lent_gpu(tmp_path):
     """app.py itself, as a ZeroGPU Space starts it: `spaces` first, the platform told the app is up, and a request to
     the OpenAI door (the official SDK) drawn inside a `spaces.GPU` call in a forked child."""
+    import base64
+
     import openai
 
     from tests.engines import free_port, wait_until_answers
@@ -201,9 +205,12 @@ def test_the_app_on_a_zerogpu_space_reports_start_up_and_draws_through_the_lent_
         wait_until_answers(url + "/health", app, log_path)
         assert [path for path, _ in api.calls] == ["/startup-report"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        # The token a ZeroGPU Space's front end adds for a signed-in visitor (a JWT; the platform reads its payload).
+        payload = base64.urlsafe_b64encode(json.dumps({"user": "alice"}).encode()).decode().rstrip("=")
+        token = f"eyJhbGciOiJFZERTQSJ9.{payload}.c2ln"
         answer = client.images.generate(prompt="a red circle on a blue background", size="64x64",
-                                        response_format="b64_json", extra_body={"seed": 3, "num_inference_steps": 4})
-        import base64
+                                        response_format="b64_json", extra_body={"seed": 3, "num_inference_steps": 4},
+                                        extra_headers={"X-IP-Token": token})
         import io
 
         import numpy as np
@@ -215,6 +222,9 @@ def test_the_app_on_a_zerogpu_space_reports_start_up_and_draws_through_the_lent_
         assert facts["hardware"] == "zerogpu" and facts["zero_gpu"]["asked_seconds"] == 60
         calls = [path for path, _ in api.calls]
         assert calls[:2] == ["/startup-report", "/schedule"] and calls.count("/release") == 1 and "/allow" in calls
+        # The visitor's token went to the platform with the schedule: their quota is the one charged.
+        schedule = next(query for path, query in api.calls if path == "/schedule")
+        assert schedule["token"] == token and schedule["durationSeconds"] == "60"
         allow = next(query for path, query in api.calls if path == "/allow")
         assert int(allow["pid"]) != app.pid
         assert "ZeroGPU: each draw asks the platform for a large GPU slice" in log_path.read_text()

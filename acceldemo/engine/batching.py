@@ -25,6 +25,8 @@ class Member:
     on_progress: ProgressCallback
     cancelled: Callable[[], bool]
     started: float
+    # The platform's token for the visitor it draws for (`records.VISITOR_TOKEN`).
+    visitor_token: str | None = None
 
 
 def together(others: int) -> str:

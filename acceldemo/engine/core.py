@@ -111,13 +111,14 @@ class Engine:
             raise
 
     def submit(self, request: Request, on_progress: ProgressCallback = no_progress,
-               cancelled: Callable[[], bool] = never, client: str = "") -> Job:
+               cancelled: Callable[[], bool] = never, client: str = "", visitor_token: str | None = None) -> Job:
         """Admit the request now — onto free replicas, or into the line — or refuse it at once (QueueFull with the
         expected wait; ClientQueueFull past `client`'s share of the line); then it runs in threads of its own. Its
         images (one per seed) are admitted together, all or none, and may run side by side on several replicas, or be
         drawn in one call with each other and with other requests that share the call's settings; the request's
-        outcome is counted once, whatever it is. `client`: who sent it (the line takes turns across clients)."""
-        job = Job(request, cancelled, client)
+        outcome is counted once, whatever it is. `client`: who sent it (the line takes turns across clients);
+        `visitor_token`: the platform's token for the visitor (ZeroGPU's X-IP-Token: their GPU quota is charged)."""
+        job = Job(request, cancelled, client, visitor_token)
         started = time.perf_counter()
         if self.results.entries:
             found = self.results.find(request, time.perf_counter() - started)

@@ -28,8 +28,9 @@ class Job:
     """One admitted request, running in a thread of its own: `future` gets its result (or its error); `cancel()`
     stops it at its next denoise step, or takes it out of the line."""
 
-    def __init__(self, request: Request, cancelled: Callable[[], bool] = never, client: str = ""):
-        self.request, self.client = request, client
+    def __init__(self, request: Request, cancelled: Callable[[], bool] = never, client: str = "",
+                 visitor_token: str | None = None):
+        self.request, self.client, self.visitor_token = request, client, visitor_token
         self.future: Future = Future()
         self._stop = threading.Event()
         self._asked = cancelled

@@ -16,7 +16,7 @@ from ..executors.base import Executor
 from ..hardware import HardwareRegistry
 from ..models.catalog import get_model
 from ..models.download import Downloads
-from ..records import Batch, DeviceSet, GenerateResult, Phase, Progress, ReplicaState, Request
+from ..records import VISITOR_TOKEN, Batch, DeviceSet, GenerateResult, Phase, Progress, ReplicaState, Request
 from .admission import Line, Ticket
 from .batching import BatchPolicy, Member, together
 from .compile_times import CompileClock, CompileTimes, compile_kind
@@ -52,7 +52,7 @@ class LocalBackend:
     def start(self, job: Job, on_progress, started: float) -> Job:
         request = job.request
         candidates = self._candidates(request)
-        members = [Member(part, of_image(i, on_progress), job.cancelled, started)
+        members = [Member(part, of_image(i, on_progress), job.cancelled, started, job.visitor_token)
                    for i, part in enumerate(request.members())]
 
         def image(ticket: Ticket) -> GenerateResult:
@@ -211,7 +211,11 @@ class LocalBackend:
         clock = CompileClock(on_progress, lambda: self.compile_times.estimate(kind))
         try:
             # A call shared by several stops early only once every one of them is stopped.
-            out = loaded.run(batch, visit.expect_compile, clock, lambda: all(m.cancelled() for m in members))
+            token = VISITOR_TOKEN.set(next((m.visitor_token for m in members if m.visitor_token), None))
+            try:
+                out = loaded.run(batch, visit.expect_compile, clock, lambda: all(m.cancelled() for m in members))
+            finally:
+                VISITOR_TOKEN.reset(token)
         except AcceldemoError:
             self.ledger.abandoned(visit)
             raise

@@ -14,6 +14,7 @@ What the `spaces` package (0.51.3) makes of a call, and so what this executor ke
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -22,13 +23,13 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..config import Settings
 from ..errors import CapacityExceeded, UnsupportedCombination
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
-from ..records import Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
+from ..records import VISITOR_TOKEN, Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
 from .artifacts import ArtifactStore
 from .local import LocalPipeline
 from .recipe import apply_recipe, precompiles, recompile_limits
@@ -149,6 +150,33 @@ def gpu_call(size: str):
     return spaces.GPU(duration=_asked, size=size)(_draw)
 
 
+class _Headers(dict):
+    """Request headers as `spaces` reads them from a Gradio request (a mapping with `get` and a `__dict__`)."""
+
+
+class _Visitor:
+    """The part of a Gradio request `spaces` reads when it asks for a GPU: the visitor's X-IP-Token header."""
+
+    def __init__(self, token: str):
+        self.headers = _Headers({"x-ip-token": token})
+
+
+@contextlib.contextmanager
+def _as_visitor(token: str | None) -> Iterator[None]:
+    """In this thread, for the length of a `spaces.GPU` call: the Gradio request `spaces` looks for, carrying the
+    visitor's token, so the platform charges that visitor's quota (none: the call is the Space's own)."""
+    if token is None:
+        yield
+        return
+    from gradio.context import LocalContext
+
+    reset = LocalContext.request.set(_Visitor(token))
+    try:
+        yield
+    finally:
+        LocalContext.request.reset(reset)
+
+
 def start_zero_gpu(settings: Settings) -> None:
     """What `spaces` does when a Gradio app launches (it wraps `gr.Blocks.launch`, which this app does not call: it
     serves through uvicorn), in the thread that imported it: the GPU function made, whatever `.to("cuda")` put aside
@@ -190,8 +218,9 @@ class ZeroGpuPipeline:
         started = time.perf_counter()
         slot, ended = _CHANNEL.open(on_progress, cancelled), False
         try:
-            output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
-                                                                 expect_compile, seconds, slot)
+            with _as_visitor(VISITOR_TOKEN.get()):
+                output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
+                                                                     expect_compile, seconds, slot)
             ended = True
         finally:
             _CHANNEL.close(slot, ended)

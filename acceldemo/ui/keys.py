@@ -224,6 +224,16 @@ class Keys:
         return bool(key) and self._operator is not None and hmac.compare_digest(digest(key.strip()), self._operator)
 
 
+# The header a ZeroGPU Space's front end adds to a visitor's requests: passed on when a draw asks the platform for a
+# GPU, so that visitor's own quota is charged (`records.VISITOR_TOKEN`).
+VISITOR_TOKEN_HEADER = "x-ip-token"
+
+
+def visitor_token(headers) -> str | None:
+    """The platform's token for the visitor in a request's headers (any case), or None."""
+    return (headers.get(VISITOR_TOKEN_HEADER) or None) if headers is not None else None
+
+
 # OpenAI's `user` / `safety_identifier` as a client within a key: longer ones are refused (400).
 MAX_USER_CHARS = 256
 

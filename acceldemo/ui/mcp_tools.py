@@ -24,7 +24,7 @@ from gradio.utils import get_upload_folder
 from ..engine import Engine, ModelView
 from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, InvalidRequest, QueueFull, describe_error
 from ..records import GenerateParams, Phase, Progress
-from .keys import Keys, client_name
+from .keys import Keys, client_name, visitor_token
 from .openai_protocol import WARMING_RETRY_AFTER_S
 from .page import image_file
 from .watch import WatchedJob
@@ -176,7 +176,8 @@ class McpTools:
                                 f"{WARMING_RETRY_AFTER_S} s", print_exception=False)
             client = self.client(request)
             checked = await asyncio.to_thread(self.engine.check, params)
-            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client))
+            token = visitor_token(getattr(request, "headers", None))
+            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client, visitor_token=token))
             try:
                 send = progress_sender()
                 if send is not None:

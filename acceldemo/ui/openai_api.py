@@ -18,7 +18,7 @@ from ..errors import UnknownName
 from ..models.catalog import CATALOG
 from ..records import GenerateResult, Progress
 from .image_store import IMAGE_TTL_S, ImageStore
-from .keys import client_name
+from .keys import client_name, visitor_token
 from .openai_protocol import (
     DISCONNECT_POLL_S,
     FORMATS,
@@ -96,7 +96,8 @@ class ImagesApi:
             checked = await run_in_threadpool(self.engine.check, asked.params())
             client = client_name(getattr(request.state, "caller", None), asked.user or asked.safety_identifier,
                                  peer=request.client.host if request.client else None)
-            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client))
+            token = visitor_token(request.headers)
+            job = WatchedJob(lambda report: self.engine.submit(checked, report, client=client, visitor_token=token))
             if asked.stream:
                 return ProgressStream(self, job, asked, request).response()
             result = await self.finished(job, request)

@@ -24,7 +24,7 @@ from ..hardware import all_modes, host_kinds
 from ..models.caches import AUTO as AUTO_CACHE
 from ..models.caches import NONE as NO_CACHE
 from ..records import EditInput, EditMethod, GenerateParams, GenerateResult, Phase, Placement, Progress, Quantization
-from .keys import Keys, client_name
+from .keys import Keys, client_name, visitor_token
 from .watch import WatchedJob
 
 log = logging.getLogger("acceldemo.ui")
@@ -391,8 +391,9 @@ class Handlers:
         try:
             request = await asyncio.to_thread(self.engine.check, params)
             client = self.client(session)
+            token = visitor_token(getattr(session, "headers", None))
             job = self.running[session.session_hash] = WatchedJob(
-                lambda report: self.engine.submit(request, report, client=client))
+                lambda report: self.engine.submit(request, report, client=client, visitor_token=token))
             try:
                 async for event in job.events():
                     _show(progress, event)
