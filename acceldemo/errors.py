@@ -93,6 +93,18 @@ class DeviceBusy(CapacityExceeded):
     was started."""
 
 
+class GpuQuotaExceeded(CapacityExceeded):
+    """The platform that lends GPUs per call (ZeroGPU) refused one: the visitor's (or the Space's) GPU quota is spent.
+    Nothing was started; `retry_after_s`: when the platform says to try again."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.retry_after_s)
+
+
 class Cancelled(AcceldemoError):
     """The person stopped the job; it ended at the next denoise step and freed the device."""
 

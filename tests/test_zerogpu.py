@@ -105,9 +105,19 @@ for name, params in {"regional": dict(mode="regional"), "tp": dict(placement="tp
         engine.check(GenerateParams(prompt="x", hardware="zerogpu", **params))
     except AcceldemoError as error:
         refusals[name] = str(error)
+# The platform refuses: a visitor's spent quota, then no GPU free.
+platform = {}
+for answer in ("quota", "no_gpu"):
+    api.answer = answer
+    try:
+        engine.submit(engine.check(GenerateParams(prompt="a red circle", resolution="64x64", steps=4, seed=11)),
+                      visitor_token="eyJ9.eyJ1c2VyIjoiYWxpY2UifQ.c2ln").result()
+    except AcceldemoError as error:
+        platform[answer] = [type(error).__name__, str(error), getattr(error, "retry_after_s", None)]
+api.answer = "gpu"
 engine.close()
 result = {"draws": draws, "calls": api.calls, "pid": os.getpid(), "refusals": refusals, "stopped": stopped,
-          "steps_seen": steps_seen}
+          "steps_seen": steps_seen, "platform": platform}
 print("ZEROGPU-RESULT:" + json.dumps(result), flush=True)
 """
 
@@ -125,7 +135,7 @@ def on_zerogpu():
 
 def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package(on_zerogpu):
     calls = [path for path, _ in on_zerogpu["calls"]]
-    assert calls.count("/schedule") == 3 and calls.count("/release") == 3, calls
+    assert calls.count("/schedule") == 5 and calls.count("/release") == 3, calls
     # Each draw: schedule (the parent asks), allow (the forked child, with its pid), release (the parent, after the
     # result came back through the pipe).
     # One fork: the stand-in said the GPU stayed idle, so the second draw ran in the same child (which had moved the
@@ -135,7 +145,8 @@ def test_each_draw_asks_the_platform_for_the_gpu_through_the_real_spaces_package
     allows = [query for path, query in on_zerogpu["calls"] if path == "/allow"]
     assert all(int(query["pid"]) != on_zerogpu["pid"] for query in allows)
     # No visitor's token (a call made here, not through a Space's front end): the call is the Space's own.
-    assert all("token" not in query for path, query in on_zerogpu["calls"] if path == "/schedule")
+    schedules = [query for path, query in on_zerogpu["calls"] if path == "/schedule"]
+    assert all("token" not in query for query in schedules[:3])
     releases = [query for path, query in on_zerogpu["calls"] if path == "/release"]
     assert all(query["fail"] == "false" and query["allowToken"] == "token-1" for query in releases)
     for draw in on_zerogpu["draws"]:
@@ -157,6 +168,18 @@ def test_the_lent_process_reports_its_steps_and_stops_when_asked(on_zerogpu):
     assert stopped and stopped.startswith("stopped at 64x64 after "), stopped
     assert int(stopped.split(" after ")[1].split(" of ")[0]) < 40 and "of 40 steps" in stopped
     assert 2 <= max(on_zerogpu["steps_seen"]) < 40
+
+
+def test_the_platforms_refusals_are_a_spent_quota_with_its_wait_and_no_gpu_free(on_zerogpu):
+    kind, message, retry_after = on_zerogpu["platform"]["quota"]
+    assert kind == "GpuQuotaExceeded" and retry_after == 83
+    assert message.startswith("ZeroGPU quota exceeded: You have exceeded your ZeroGPU quota (11s requested vs. 30s "
+                              "left). Try again in 0:01:23.")
+    kind, message, _ = on_zerogpu["platform"]["no_gpu"]
+    assert kind == "DeviceBusy" and message.startswith("ZeroGPU client error: ")
+    # The visitor's token went with both.
+    assert [query.get("token") for path, query in on_zerogpu["calls"] if path == "/schedule"][-2:] == \
+        ["eyJ9.eyJ1c2VyIjoiYWxpY2UifQ.c2ln"] * 2
 
 
 def test_the_duration_asked_is_the_first_guess_then_the_measured_steps(on_zerogpu):
@@ -228,6 +251,12 @@ def test_the_app_on_a_zerogpu_space_reports_start_up_and_draws_through_the_lent_
         allow = next(query for path, query in api.calls if path == "/allow")
         assert int(allow["pid"]) != app.pid
         assert "ZeroGPU: each draw asks the platform for a large GPU slice" in log_path.read_text()
+        # The visitor's quota is spent: a 429 with the platform's wait, as for a full line.
+        api.answer = "quota"
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.images.generate(prompt="a red circle", size="64x64", extra_headers={"X-IP-Token": token})
+        assert refused.value.response.headers["retry-after"] == "83"
+        assert refused.value.code == "gpu_quota_exceeded" and "Try again in 0:01:23" in refused.value.message
     finally:
         app.terminate()
         app.wait(timeout=30)

@@ -21,12 +21,13 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 from ..config import Settings
-from ..errors import CapacityExceeded, UnsupportedCombination
+from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, GpuQuotaExceeded, UnsupportedCombination
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..records import VISITOR_TOKEN, Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
@@ -150,6 +151,28 @@ def gpu_call(size: str):
     return spaces.GPU(duration=_asked, size=size)(_draw)
 
 
+# When `spaces` says to try again ("Try again in 0:01:23."), as Python writes a timedelta.
+_TRY_AGAIN = re.compile(r"Try again in (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)")
+# What to tell a client to wait when the platform had no GPU free, or named no time.
+NO_GPU_RETRY_AFTER_S = 30
+
+
+def platform_refusal(error: BaseException) -> AcceldemoError | None:
+    """The platform's refusal to lend a GPU, as `spaces` raises it (a `gradio.Error` with a "ZeroGPU ..." title), as
+    this app's own error: a spent quota is a 429 with the platform's Retry-After, no GPU free a 503; None for any
+    other failure (the draw's own)."""
+    title = str(getattr(error, "title", "") or "")
+    message = " ".join(str(getattr(error, "message", error)).split())
+    if title in ("ZeroGPU quota exceeded", "ZeroGPU pending credits exceeded"):
+        wait = _TRY_AGAIN.search(message)
+        days, hours, minutes, seconds = (int(part or 0) for part in wait.groups()) if wait else (0, 0, 0, 0)
+        after = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        return GpuQuotaExceeded(f"{title}: {message}", after or NO_GPU_RETRY_AFTER_S)
+    if title in ("ZeroGPU queue timeout", "ZeroGPU client error"):
+        return DeviceBusy(f"{title}: {message}")
+    return None
+
+
 class _Headers(dict):
     """Request headers as `spaces` reads them from a Gradio request (a mapping with `get` and a `__dict__`)."""
 
@@ -222,6 +245,11 @@ class ZeroGpuPipeline:
                 output, pid = gpu_call(self.settings.zero_gpu_size)(self.key, self.spec, self.settings, call,
                                                                      expect_compile, seconds, slot)
             ended = True
+        except Exception as error:
+            refusal = platform_refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from None
         finally:
             _CHANNEL.close(slot, ended)
         used = time.perf_counter() - started

@@ -22,7 +22,15 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from ..engine import Engine, ModelView
-from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, InvalidRequest, QueueFull, describe_error
+from ..errors import (
+    AcceldemoError,
+    CapacityExceeded,
+    DeviceBusy,
+    GpuQuotaExceeded,
+    InvalidRequest,
+    QueueFull,
+    describe_error,
+)
 from ..records import GenerateParams, Phase, Progress
 from .keys import Keys, client_name, visitor_token
 from .openai_protocol import WARMING_RETRY_AFTER_S
@@ -59,7 +67,8 @@ def refused(error: AcceldemoError) -> ToolError:
     """The engine's refusal as the tool's error: the tool's parameter at fault first (the engine's message names its
     own field, the value and what is accepted); a full line's message names its limit, ACCELDEMO_QUEUE_SIZE."""
     field = TOOL_NAMES.get(error.field, error.field)
-    if field is None and isinstance(error, CapacityExceeded) and not isinstance(error, QueueFull | DeviceBusy):
+    if field is None and isinstance(error, CapacityExceeded) and \
+            not isinstance(error, QueueFull | DeviceBusy | GpuQuotaExceeded):
         field = "size"  # a new size past ACCELDEMO_MAX_SHAPES: the message lists those that work
     return ToolError(f"{field}: {error}" if field else str(error), print_exception=False)
 

@@ -20,6 +20,7 @@ from ..errors import (
     Cancelled,
     CapacityExceeded,
     DeviceBusy,
+    GpuQuotaExceeded,
     HardwareUnavailable,
     InvalidRequest,
     ModelUnavailable,
@@ -295,6 +296,8 @@ def api_error(error: BaseException) -> ApiError:
         return ApiError(400, message, "invalid_request_error", "hardware_unavailable", param)
     if isinstance(error, QueueFull):
         return ApiError(429, message, "rate_limit_error", "queue_full", retry_after=error.retry_after_s or 1)
+    if isinstance(error, GpuQuotaExceeded):
+        return ApiError(429, message, "rate_limit_error", "gpu_quota_exceeded", retry_after=error.retry_after_s)
     if isinstance(error, DeviceBusy):
         return ApiError(503, message, "server_error", "device_busy", retry_after=RETRY_AFTER_S)
     if isinstance(error, CapacityExceeded):  # a new size past ACCELDEMO_MAX_SHAPES: the message lists those that work

@@ -28,6 +28,9 @@ class ZeroGpuApi:
 
     def __init__(self, reuse: bool = False, uuid: str = "GPU-standin"):
         self.calls: list[tuple[str, dict[str, str]]] = []
+        # What /schedule answers: "gpu" (one is lent), "quota" (429: 30 s left, try again in 1 min 23 s) or
+        # "no_gpu" (503).
+        self.answer = "gpu"
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,11 +38,15 @@ class ZeroGpuApi:
                 url = urlparse(self.path)
                 api.calls.append((url.path, {k: v[0] for k, v in parse_qs(url.query).items()}))
                 body = b""
-                if url.path == "/schedule":
+                status = 200 if url.path in ("/schedule", "/allow", "/release", "/startup-report") else 404
+                if url.path == "/schedule" and api.answer == "quota":
+                    status, body = 429, json.dumps({"left": 30, "wait": "PT1M23S"}).encode()
+                elif url.path == "/schedule" and api.answer == "no_gpu":
+                    status = 503
+                elif url.path == "/schedule":
                     idle = reuse and any(path == "/schedule" for path, _ in api.calls[:-1])
                     body = json.dumps({"idle": idle, "nvidiaIndex": 0, "nvidiaUUID": uuid,
                                        "allowToken": "token-1"}).encode()
-                status = 200 if url.path in ("/schedule", "/allow", "/release", "/startup-report") else 404
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
