@@ -153,8 +153,8 @@ def gpu_call(size: str):
 
 # When `spaces` says to try again ("Try again in 0:01:23."), as Python writes a timedelta.
 _TRY_AGAIN = re.compile(r"Try again in (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)")
-# What to tell a client to wait when the platform had no GPU free, or named no time.
-NO_GPU_RETRY_AFTER_S = 30
+# What to tell a client to wait when the platform's refusal names no time.
+UNNAMED_WAIT_S = 30
 
 
 def platform_refusal(error: BaseException) -> AcceldemoError | None:
@@ -167,7 +167,7 @@ def platform_refusal(error: BaseException) -> AcceldemoError | None:
         wait = _TRY_AGAIN.search(message)
         days, hours, minutes, seconds = (int(part or 0) for part in wait.groups()) if wait else (0, 0, 0, 0)
         after = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-        return GpuQuotaExceeded(f"{title}: {message}", after or NO_GPU_RETRY_AFTER_S)
+        return GpuQuotaExceeded(f"{title}: {message}", after or UNNAMED_WAIT_S)
     if title in ("ZeroGPU queue timeout", "ZeroGPU client error"):
         return DeviceBusy(f"{title}: {message}")
     return None
