@@ -109,8 +109,8 @@ def test_a_fifth_hardware_in_one_file_shows_in_info_cli_bench_and_page(tmp_path)
     assert [d["device"] for d in twin["devices"]] == ["twin:0", "twin:1"]
     klein = next(m for m in info["models"] if m["name"] == "tiny-flux2-klein")
     assert next(o for o in klein["offers"] if o["hardware"] == "twin")["proposal"]["placement"] == "device"
-    assert "{cpu,cuda,neuron,tpu,twin}" in run("generate", "--help")
-    assert "{cpu,cuda,neuron,tpu,twin}" in run("bench", "--help")
+    assert "{cpu,cuda,neuron,tpu,twin,zerogpu}" in run("generate", "--help")
+    assert "{cpu,cuda,neuron,tpu,twin,zerogpu}" in run("bench", "--help")
     facts = json.loads(run("generate", "--prompt", "a red circle", "--hardware", "twin", "--device", "twin:1",
                            "--out", str(tmp_path / "out"), "--json").splitlines()[-1])
     assert facts["device"] == "twin:1" and Path(facts["path"]).exists()
