@@ -49,7 +49,10 @@ class LocalExecutor:
         self.settings, self.hardware = settings, hardware
         self.store = ArtifactStore.of(settings)
 
-    def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
+    def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback,
+             device: str | None = None) -> LocalPipeline:
+        """The pipeline loaded, placed and compiled per its key; `device`: where to place it instead of the key's own
+        devices (the CPU, for a GPU lent per call: `executors/zerogpu.py`)."""
         hardware = self.hardware.get(key.hardware)
         hardware.activate()
         started = time.perf_counter()
@@ -57,11 +60,11 @@ class LocalExecutor:
         pipe = load_pipeline(spec, self.settings, key.quantization)
         # Progress goes through our own events; diffusers' tqdm bars would only clutter logs.
         pipe.set_progress_bar_config(disable=True)
-        on_progress(Progress(Phase.LOAD, f"placing on {key.devices} ({key.placement}, {key.mode})",
+        on_progress(Progress(Phase.LOAD, f"placing on {device or key.devices} ({key.placement}, {key.mode})",
                              elapsed=time.perf_counter() - started))
         store = self.store if precompiles(self.settings, hardware, key.mode, key.placement, key.quantization) else None
         prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, store,
-                                hardware.torch_device(key.devices))
+                                device or hardware.torch_device(key.devices))
         log.info("loaded %s in %.2f s", key, time.perf_counter() - started)
         return LocalPipeline(key, prepared, hardware, recompile_limits(self.settings), self.settings.cache_dir)
 

@@ -31,9 +31,8 @@ from ..errors import AcceldemoError, CapacityExceeded, DeviceBusy, GpuQuotaExcee
 from ..hardware import Hardware, HardwareRegistry
 from ..models.catalog import ModelSpec
 from ..records import VISITOR_TOKEN, Batch, GpuLease, Phase, PipelineKey, Progress, ProgressCallback, Request, RunOutput
-from .artifacts import ArtifactStore
-from .local import LocalPipeline
-from .recipe import apply_recipe, precompiles, recompile_limits
+from .local import LocalExecutor, LocalPipeline
+from .recipe import precompiles
 
 log = logging.getLogger("acceldemo.executor")
 
@@ -270,25 +269,17 @@ class ZeroGpuExecutor:
 
     def __init__(self, settings: Settings, hardware: HardwareRegistry):
         self.settings, self.hardware = settings, hardware
+        self.local = LocalExecutor(settings, hardware)
 
     def load_on_cpu(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> LocalPipeline:
-        from ..models.loading import load_pipeline
-
+        """The pipeline as `LocalExecutor` loads it, placed on the CPU: it moves to the lent GPU in the child."""
         hardware: Hardware = self.hardware.get(key.hardware)
-        packaged = precompiles(self.settings, hardware, key.mode, key.placement, key.quantization)
-        if key.mode.compiles and not packaged:
+        if key.mode.compiles and not precompiles(self.settings, hardware, key.mode, key.placement, key.quantization):
             raise UnsupportedCombination("quantization", f"{key.mode} with {key.quantization} weights is not possible "
                                                          f"on {hardware.name}: only plain weights are packaged ahead "
                                                          "(AOTInductor), and a JIT compile would die with each "
                                                          "process the platform forks")
-        started = time.perf_counter()
-        on_progress(Progress(Phase.LOAD, f"loading {spec.title} (held on the CPU until a draw lends a GPU)"))
-        pipe = load_pipeline(spec, self.settings, key.quantization)
-        pipe.set_progress_bar_config(disable=True)
-        store = ArtifactStore.of(self.settings) if packaged else None
-        prepared = apply_recipe(pipe, hardware, key.mode, key.placement, self.settings, spec, store, "cpu")
-        log.info("loaded %s in %.2f s, held on the CPU", key, time.perf_counter() - started)
-        return LocalPipeline(key, prepared, hardware, recompile_limits(self.settings), self.settings.cache_dir)
+        return self.local.load(key, spec, on_progress, device="cpu")
 
     def load(self, key: PipelineKey, spec: ModelSpec, on_progress: ProgressCallback) -> ZeroGpuPipeline:
         _RESIDENT[key] = self.load_on_cpu(key, spec, on_progress)
