@@ -135,8 +135,8 @@ def serve(args: argparse.Namespace) -> int:
             return _refuse(f"--ray on ZeroGPU (SPACES_ZERO_GPU is set): {POOL_REFUSAL}")
         if any(count > 1 for count in settings.replicas.values()):
             return _refuse(f"--replicas on ZeroGPU (SPACES_ZERO_GPU is set): {POOL_REFUSAL}")
-        log.info("ZeroGPU: each draw asks the platform for a %s GPU slice (spaces.GPU); eager mode only",
-                 settings.zero_gpu_size)
+        log.info("ZeroGPU: each draw asks the platform for a %s GPU slice (spaces.GPU); compiled shapes are the "
+                 "ones warmed up", settings.zero_gpu_size)
     import uvicorn
 
     from ..builder import build_engine

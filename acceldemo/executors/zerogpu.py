@@ -209,6 +209,11 @@ def start_zero_gpu(settings: Settings) -> None:
     spaces.zero.startup()
 
 
+def _shape(batch: Batch) -> tuple[int, int, int]:
+    """What a step time is measured per: the width, the height and the requests drawn together."""
+    return batch.first.width, batch.first.height, len(batch.requests)
+
+
 class ZeroGpuPipeline:
     """A pipeline held in this process, drawn with inside a lent GPU."""
 
@@ -221,20 +226,17 @@ class ZeroGpuPipeline:
         """Seconds to ask the platform for: a compile's (a warm-up building a package); else steps x the step time
         measured for this shape and batch, plus the margin; before a measure, the first call's seconds."""
         batch = Batch.of(call)
-        request = batch.first
-        step = self.step_seconds.get((request.width, request.height, len(batch.requests)))
+        step = self.step_seconds.get(_shape(batch))
         if expect_compile:
             seconds = self.settings.zero_gpu_compile_s
         elif step is None:
             seconds = self.settings.zero_gpu_first_s
         else:
-            seconds = request.denoise_steps * step + self.settings.zero_gpu_margin_s
+            seconds = batch.first.denoise_steps * step + self.settings.zero_gpu_margin_s
         return min(MAX_SECONDS, math.ceil(seconds))
 
     def run(self, call: Request | Batch, expect_compile: bool, on_progress: ProgressCallback,
             cancelled=lambda: False) -> RunOutput:
-        batch = Batch.of(call)
-        request = batch.first
         seconds = self.duration(call, expect_compile)
         on_progress(Progress(Phase.QUEUE, f"asking ZeroGPU for a {self.settings.zero_gpu_size} GPU for {seconds} s"))
         started = time.perf_counter()
@@ -253,7 +255,7 @@ class ZeroGpuPipeline:
             _CHANNEL.close(slot, ended)
         used = time.perf_counter() - started
         if output.step_seconds:
-            self.step_seconds[(request.width, request.height, len(batch.requests))] = max(output.step_seconds)
+            self.step_seconds[_shape(Batch.of(call))] = max(output.step_seconds)
         output = dataclasses.replace(output, gpu_lease=GpuLease(self.settings.zero_gpu_size, seconds, used,
                                                                    output.seconds, pid))
         log.info("%s drew on a ZeroGPU %s slice: asked %d s, used %.2f s (process %d)", self.key,
