@@ -172,6 +172,11 @@ def test_a_refused_request_is_a_tool_error_naming_the_field(app):
         "style: lora='sepia' is not accepted")
     assert refusal(call(app, "edit_image", {"image": "not a picture!", "prompt": GREEN})).startswith(
         "image: image='not a picture!' is not accepted: a data URL")
+    # Arguments the tool's schema refuses, before the engine sees them: a wrong type, a missing parameter.
+    assert refusal(call(app, "generate_image", {"prompt": RED, "steps": "many"})) == \
+        "Input validation error: steps: 'many' is not valid under any of the given schemas"
+    assert refusal(call(app, "generate_image", {"size": "64x64"})) == \
+        "Input validation error: 'prompt' is a required property"
 
 
 @pytest.mark.heavy  # the session's app.py: outside --fast, in the full run

@@ -106,10 +106,11 @@ def mcp(bench) -> list[Figure]:
                        "ratio_of_medians": of(mcp_s) / of(v1_s),
                        "server_engine_s": {door: Spread.of(s).__dict__ for door, s in doors.engine.items()}},
                if_missed="the note splits each door's time between the server's engine and the door around it. "
-                         "Beside /v1's work, the MCP SDK checks each call's arguments with a one-shot "
-                         "jsonschema.validate, the tool schema's own meta-schema check included (12-23 ms a call "
-                         "on a loaded 2-core host), and Gradio writes the PNG to a file, copies it to its cache and "
-                         "encodes it again: a fixed cost that weighs on a tiny model's call, not a real one's"),
+                         "Beside /v1's work, the MCP SDK opens a session for each request, Gradio builds a session of "
+                         "the tools' Blocks, writes the PNG to a file, copies it to its cache, reads it back and "
+                         "encodes it again (the arguments' schema check is a validator kept per tool, "
+                         "mcp_tools.check_arguments_once): a fixed cost that weighs on a tiny model's call, not a "
+                         "real one's"),
         Figure("mcp_progress", 15, f"MCP tool call with progress notifications ÷ without ({title})", "ratio",
                ratios(progress_s, mcp_s), Target("<=", 1.05),
                note=f"{of(doors.notifications):g} notification(s) per call (the first event at once, then the "

@@ -100,6 +100,11 @@ def _show(progress: gr.Progress, event: Progress) -> None:
              desc=event.message if event.phase is not Phase.DENOISE else f"denoise {event.message}")
 
 
+# How often image_file looks for its folder's old files, and when it last did, per folder.
+SWEEP_EVERY_S = 10.0
+_SWEPT: dict[Path, float] = {}
+
+
 def image_file(image, folder: Path) -> str:
     """The image as a PNG file of its own, for Gradio to copy into its cache.
 
@@ -108,10 +113,12 @@ def image_file(image, folder: Path) -> str:
     "peer closed connection without sending complete message body"). A returned file is copied in under a
     temporary name and renamed. Gradio copies it as the event ends, so files older than a minute are done with.
     """
-    for old in folder.glob("*.png"):
-        with contextlib.suppress(FileNotFoundError):
-            if time.time() - old.stat().st_mtime > 60:
-                old.unlink()
+    if time.monotonic() - _SWEPT.get(folder, -SWEEP_EVERY_S) >= SWEEP_EVERY_S:  # not a folder's listing per image
+        _SWEPT[folder] = time.monotonic()
+        for old in folder.glob("*.png"):
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - old.stat().st_mtime > 60:
+                    old.unlink()
     fd, path = tempfile.mkstemp(suffix=".png", dir=folder)
     with os.fdopen(fd, "wb") as out:
         image.save(out, format="png")

@@ -20,7 +20,7 @@ from ..errors import InvalidRequest
 from ..records import Shape
 from .image_store import ImageStore
 from .keys import VISITOR, Caller, Keys, Refused
-from .mcp_tools import MCP_PATH, TOOLS_MOUNT, tools_blocks
+from .mcp_tools import MCP_PATH, TOOLS_MOUNT, check_arguments_once, tools_blocks
 from .openai_api import openai_http_error, openai_router
 from .page import CSS, build_page
 
@@ -182,6 +182,7 @@ def create_app(engine: Engine, warmup: tuple | None = None, model: str | None = 
         gr.mount_gradio_app(app, tools, path=TOOLS_MOUNT, ssr_mode=False, mcp_server=True)
         if tools.mcp_error:  # Gradio serves on without its MCP server: asked for, its absence is an error
             raise RuntimeError(tools.mcp_error)
+        check_arguments_once(tools)
     app.add_middleware(KeyDoor, keys=keys, count=count)
     page = build_page(engine, keys)
     # Gradio's queue is only the page's transport: it hands every job to the page's handler at once, which admits it
