@@ -115,9 +115,24 @@ for answer in ("quota", "no_gpu"):
     except AcceldemoError as error:
         platform[answer] = [type(error).__name__, str(error), getattr(error, "retry_after_s", None)]
 api.answer = "gpu"
+# Two visitors' requests waiting together behind a long draw (stopped once all four are in line): a call draws only
+# for one visitor, whose quota it is charged to.
+before = len(api.calls)
+jobs = []
+blocker = engine.submit(engine.check(GenerateParams(prompt="a red circle", resolution="64x64", steps=100, seed=3)),
+                        lambda event: None, lambda: len(jobs) == 4)
+for visitor in ("alice", "alice", "bob", "bob"):
+    jobs.append(engine.submit(engine.check(GenerateParams(prompt="a blue square", resolution="64x64", steps=4,
+                                                          seed=len(jobs))), visitor_token=f"token-of-{visitor}"))
+try:
+    blocker.result()
+except AcceldemoError:
+    pass
+visitors = {"batches": [job.result().facts()["batch"] for job in jobs],
+            "tokens": [query.get("token") for path, query in api.calls[before:] if path == "/schedule"]}
 engine.close()
-result = {"draws": draws, "calls": api.calls, "pid": os.getpid(), "refusals": refusals, "stopped": stopped,
-          "steps_seen": steps_seen, "platform": platform}
+result = {"draws": draws, "calls": api.calls[:before], "pid": os.getpid(), "refusals": refusals,
+          "stopped": stopped, "steps_seen": steps_seen, "platform": platform, "visitors": visitors}
 print("ZEROGPU-RESULT:" + json.dumps(result), flush=True)
 """
 
@@ -180,6 +195,13 @@ def test_the_platforms_refusals_are_a_spent_quota_with_its_wait_and_no_gpu_free(
     # The visitor's token went with both.
     assert [query.get("token") for path, query in on_zerogpu["calls"] if path == "/schedule"][-2:] == \
         ["eyJ9.eyJ1c2VyIjoiYWxpY2UifQ.c2ln"] * 2
+
+
+def test_a_call_draws_for_one_visitor_and_is_charged_to_their_quota(on_zerogpu):
+    visitors = on_zerogpu["visitors"]
+    # The blocker's call (the Space's own), then one call per visitor, each of their two requests drawn together.
+    assert visitors["tokens"] == [None, "token-of-alice", "token-of-bob"], visitors
+    assert visitors["batches"] == [2, 2, 2, 2], visitors
 
 
 def test_the_duration_asked_is_the_first_guess_then_the_measured_steps(on_zerogpu):

@@ -42,13 +42,17 @@ class BatchPolicy:
     def __init__(self, settings: Settings, hardware: HardwareRegistry, ledger: ShapeLedger):
         self.settings, self.hardware, self.ledger = settings, hardware, ledger
 
-    def sharing(self, request: Request) -> Sharing | None:
+    def sharing(self, request: Request, visitor_token: str | None = None) -> Sharing | None:
         """How the request's tickets share calls in the line; None when batching is off (ACCELDEMO_MAX_BATCH=1), and
         for a request asking for previews (a call's previews are of its first picture: no one sees another's), and for
-        an edit (its picture is its own)."""
+        an edit (its picture is its own). On hardware lent per call (ZeroGPU) a call is charged to one visitor's
+        quota, so it draws only for requests of the same visitor (`visitor_token`)."""
         if self.settings.max_batch == 1 or request.previews or request.edit is not None:
             return None
-        return Sharing(request.batch_key, lambda devices, n: self.take(request, devices, n))
+        key = request.batch_key
+        if self.hardware.get(request.hardware).lent_per_call:
+            key = (key, visitor_token)
+        return Sharing(key, lambda devices, n: self.take(request, devices, n))
 
     def bucketed(self, request: Request) -> bool:
         """Whether a call's batch size is part of what is compiled: compiled modes, and hardware where every new

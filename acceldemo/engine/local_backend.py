@@ -61,7 +61,7 @@ class LocalBackend:
 
         return self._admit(job, Kind.GENERATE, f"{request.shape} · {request.model} · {request.mode}", candidates,
                            [image] * len(members), lambda parts: GenerateResult.of_images(request, parts),
-                           self.batching.sharing(request), members)
+                           self.batching.sharing(request, job.visitor_token), members)
 
     def start_warm_up(self, job: Job, warm: list[tuple[Request, int]], on_progress) -> Job:
         """Every replica (or the request's own device), one after the other: the first compiles each shape, the
@@ -211,7 +211,8 @@ class LocalBackend:
         clock = CompileClock(on_progress, lambda: self.compile_times.estimate(kind))
         try:
             # A call shared by several stops early only once every one of them is stopped.
-            token = VISITOR_TOKEN.set(next((m.visitor_token for m in members if m.visitor_token), None))
+            # On lent hardware a call is one visitor's (BatchPolicy.sharing): theirs is the quota charged.
+            token = VISITOR_TOKEN.set(members[0].visitor_token)
             try:
                 out = loaded.run(batch, visit.expect_compile, clock, lambda: all(m.cancelled() for m in members))
             finally:
