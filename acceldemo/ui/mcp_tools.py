@@ -166,17 +166,20 @@ def check_arguments_once(blocks: gr.Blocks) -> None:
     call = registered.__closure__[registered.__code__.co_freevars.index("func")].cell_contents
     checkers: dict[str, object] = {}
 
-    async def listed() -> dict[str, object]:
-        if not checkers:
+    async def validator(name: str):
+        """The tool's validator; the tools are listed again for a name not met yet (a listing within a call may be
+        the subset its URL selects), and None for a name that is no tool (Gradio's call then says so)."""
+        if name not in checkers:
             answer = await server.request_handlers[types.ListToolsRequest](None)
             for tool in answer.root.tools:
-                kind = validator_for(tool.inputSchema)
-                kind.check_schema(tool.inputSchema)
-                checkers[tool.name] = kind(tool.inputSchema)
-        return checkers
+                if tool.name not in checkers:
+                    kind = validator_for(tool.inputSchema)
+                    kind.check_schema(tool.inputSchema)
+                    checkers[tool.name] = kind(tool.inputSchema)
+        return checkers.get(name)
 
     async def checked_call(name: str, arguments: dict):
-        checker = (await listed()).get(name)
+        checker = await validator(name)
         error = best_match(checker.iter_errors(arguments)) if checker is not None else None
         if error is not None:  # the SDK's words, with the parameter at fault first
             field = ".".join(str(step) for step in error.absolute_path)
