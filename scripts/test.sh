@@ -8,11 +8,10 @@
 # run on two pytest-xdist workers, a test file each at a time (`--dist loadfile`: a file's module fixtures are built
 # once), with one torch thread per process (OMP_NUM_THREADS=1): on a 2-core host two busy processes of 2 threads each
 # run the tiny models many times slower than of 1. Measured here: the 580 such tests in 4¼ to 8½ min. The tests
-# marked slow (worker pools, app servers, bench runs and Ray nodes of several processes each) then run the same way, on
-# two workers of one torch thread: 157 tests in 20 min there, against 32 serially (the whole suite once took 45 min on
-# two workers with browser timeouts, when the quick tier and the browser ran beside everything else). Last, serially,
-# the files of pages in a real browser (marked browser), whose waits are for what a person sees. With arguments (a
-# file, -k, -m ...), pytest runs them once, serially, as given.
+# marked slow then run serially: they are worker pools, app servers, a browser, bench runs and Ray nodes of several
+# processes each, which two workers at once only slow down and make flaky (measured on this host: the whole suite on
+# two workers 45 min with browser timeouts, against 60 serially). With arguments (a file, -k, -m ...), pytest runs
+# them once, serially, as given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -39,6 +38,5 @@ elif [ $# -gt 0 ]; then
 fi
 status=0
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${pytest[@]}" "${parallel[@]}" -m "not slow" || status=$?
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${pytest[@]}" "${parallel[@]}" -m "slow and not browser" || status=$?
-"${pytest[@]}" -m "slow and browser" || status=$?
+"${pytest[@]}" -m slow || status=$?
 exit "$status"

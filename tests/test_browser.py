@@ -13,7 +13,7 @@ playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is in
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser,
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
                                  reason="Debian chromium is installed by scripts/test.sh")]
 

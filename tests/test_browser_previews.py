@@ -9,7 +9,7 @@ from tests.test_browser import open_folds
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by scripts/test.sh")
 CHROMIUM = "/usr/bin/chromium"
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser,
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
                                  reason="Debian chromium is installed by scripts/test.sh")]
 

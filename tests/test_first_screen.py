@@ -18,7 +18,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser,
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
                                  reason="Debian chromium is installed by scripts/test.sh")]
 
